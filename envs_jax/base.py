@@ -1,0 +1,65 @@
+"""The JAX environment API: pure `reset`/`step`, the RNG key inside the state.
+
+See `podracer.types` for the transition layout every environment follows.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Generic, TypeVar
+
+from podracer.types import Array, ArraySpec, DiscreteSpec, EnvSpec, PRNGKey, TimeStep
+
+State = TypeVar("State")
+
+
+class Environment(abc.ABC, Generic[State]):
+    """An unbatched, pure-function environment; batch it with `jax.vmap`.
+
+    Static parameters live on the instance (so they are constants under `jit`); everything
+    that changes, the RNG key included, lives in the state pytree.
+    """
+
+    @abc.abstractmethod
+    def reset(self, key: PRNGKey) -> tuple[State, TimeStep]:
+        """Starts an episode: returns the state and a FIRST timestep."""
+
+    @abc.abstractmethod
+    def step(self, state: State, action: Array) -> tuple[State, TimeStep]:
+        """Advances one step: returns the new state and a MID or LAST timestep."""
+
+    @abc.abstractmethod
+    def observation_spec(self) -> ArraySpec: ...
+
+    @abc.abstractmethod
+    def action_spec(self) -> DiscreteSpec | ArraySpec: ...
+
+    def spec(self) -> EnvSpec:
+        return EnvSpec(observation=self.observation_spec(), action=self.action_spec())
+
+    @property
+    def unwrapped(self) -> "Environment[Any]":
+        return self
+
+
+class Wrapper(Environment[State]):
+    """Delegates everything to `env`; subclasses override what they change."""
+
+    def __init__(self, env: Environment[Any]):
+        self.env = env
+
+    def reset(self, key: PRNGKey) -> tuple[State, TimeStep]:
+        return self.env.reset(key)
+
+    def step(self, state: State, action: Array) -> tuple[State, TimeStep]:
+        return self.env.step(state, action)
+
+    def observation_spec(self) -> ArraySpec:
+        return self.env.observation_spec()
+
+    def action_spec(self) -> DiscreteSpec | ArraySpec:
+        return self.env.action_spec()
+
+    @property
+    def unwrapped(self) -> Environment[Any]:
+        return self.env.unwrapped

@@ -1,0 +1,75 @@
+"""Catch, the game of the Podracer colab (and bsuite): catch a falling ball with a paddle.
+
+A 10x5 board. The ball starts in row 0 at a random column; the paddle sits in the bottom row,
+starting in the middle column. Each step the paddle moves left, stays or moves right (actions
+0, 1, 2; clipped at the walls) and the ball falls one row. When the ball reaches the bottom
+row the episode ends (a true terminal) with reward +1 if the paddle is under it, else -1.
+Episodes last `rows - 1` steps. The observation is the board: 1.0 at the ball and the paddle.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envs_jax.base import Environment
+from podracer.types import Array, ArraySpec, DiscreteSpec, PRNGKey, StepType, TimeStep
+
+
+@chex.dataclass(frozen=True)
+class CatchState:
+    ball_x: Array  # [] int32
+    ball_y: Array  # [] int32
+    paddle_x: Array  # [] int32
+    key: PRNGKey  # [2] uint32
+
+
+class Catch(Environment[CatchState]):
+    def __init__(self, rows: int = 10, columns: int = 5):
+        if rows < 2 or columns < 1:
+            raise ValueError(f"Catch needs rows >= 2 and columns >= 1, got {rows}x{columns}.")
+        self.rows = rows
+        self.columns = columns
+
+    def _observation(self, state: CatchState) -> Array:
+        board = jnp.zeros((self.rows, self.columns), jnp.float32)
+        board = board.at[state.ball_y, state.ball_x].set(1.0)
+        return board.at[self.rows - 1, state.paddle_x].set(1.0)
+
+    def reset(self, key: PRNGKey) -> tuple[CatchState, TimeStep]:
+        key, ball_key = jax.random.split(key)
+        state = CatchState(
+            ball_x=jax.random.randint(ball_key, (), 0, self.columns, dtype=jnp.int32),
+            ball_y=jnp.zeros((), jnp.int32),
+            paddle_x=jnp.asarray(self.columns // 2, jnp.int32),
+            key=key,
+        )
+        timestep = TimeStep(
+            step_type=jnp.asarray(StepType.FIRST, jnp.int32),
+            reward=jnp.zeros((), jnp.float32),
+            discount=jnp.ones((), jnp.float32),
+            observation=self._observation(state),
+        )
+        return state, timestep
+
+    def step(self, state: CatchState, action: Array) -> tuple[CatchState, TimeStep]:
+        paddle_x = jnp.clip(state.paddle_x + action.astype(jnp.int32) - 1, 0, self.columns - 1)
+        ball_y = state.ball_y + 1
+        state = state.replace(ball_y=ball_y, paddle_x=paddle_x)
+        done = ball_y == self.rows - 1
+        caught = state.ball_x == paddle_x
+        timestep = TimeStep(
+            step_type=jnp.where(done, StepType.LAST, StepType.MID).astype(jnp.int32),
+            reward=jnp.where(done, jnp.where(caught, 1.0, -1.0), 0.0).astype(jnp.float32),
+            discount=jnp.where(done, 0.0, 1.0).astype(jnp.float32),
+            observation=self._observation(state),
+        )
+        return state, timestep
+
+    def observation_spec(self) -> ArraySpec:
+        return ArraySpec((self.rows, self.columns), np.float32, 0.0, 1.0, name="board")
+
+    def action_spec(self) -> DiscreteSpec:
+        return DiscreteSpec(3, np.int32, name="left_stay_right")

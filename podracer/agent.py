@@ -1,0 +1,71 @@
+"""The agent interface: the one seam that Anakin and Sebulba both plug into.
+
+An agent is a bundle of pure functions over explicit pytrees. The runners never branch on
+which agent they run: Anakin calls `actor_step` and `learner_step` inside one compiled
+program; Sebulba calls `actor_step` on the actor devices and `learner_step`, replicated, on the
+learner devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+from podracer.types import Array, EnvSpec, Extras, Metrics, Params, PRNGKey, TimeStep, Trajectory
+
+LearnerState = Any
+ActorState = Any
+
+
+class InitFn(Protocol):
+    def __call__(self, key: PRNGKey, env_spec: EnvSpec) -> LearnerState: ...
+
+
+class InitActorStateFn(Protocol):
+    def __call__(self, batch_size: int) -> ActorState: ...
+
+
+class ActorStepFn(Protocol):
+    def __call__(
+        self,
+        params: Params,
+        actor_state: ActorState,
+        timestep: TimeStep,
+        key: PRNGKey,
+        *,
+        evaluation: bool = False,
+    ) -> tuple[Array, ActorState, Extras]:
+        """Chooses actions for a batch `[B]` of timesteps.
+
+        `evaluation=True` asks for the greedy/deterministic policy. `extras` holds what the
+        learner needs (behaviour logits, search policy, root value, ...), each `[B, ...]`.
+        """
+
+
+class LearnerStepFn(Protocol):
+    def __call__(
+        self,
+        learner_state: LearnerState,
+        trajectory: Trajectory,
+        key: PRNGKey,
+        *,
+        axis_name: str | None,
+    ) -> tuple[LearnerState, Metrics]:
+        """Consumes a time-major `[T+1, B]` trajectory and updates the learner.
+
+        Gradients (and anything else that must agree across replicas) are averaged over the
+        device axis `axis_name`; `None` means no replication. Metrics are scalars.
+        """
+
+
+class ActorParamsFn(Protocol):
+    def __call__(self, learner_state: LearnerState) -> Params: ...
+
+
+class Agent(NamedTuple):
+    """The three pure functions of ARCHITECTURE.md plus two small accessors."""
+
+    init: InitFn
+    actor_step: ActorStepFn
+    learner_step: LearnerStepFn
+    init_actor_state: InitActorStateFn
+    actor_params: ActorParamsFn
