@@ -69,6 +69,16 @@ def distribute(stacked_local: Any, mesh: Mesh) -> Any:
                               stacked_local)
 
 
+def from_global(global_stacked: Any, mesh: Mesh) -> Any:
+    """Places a host pytree whose leading axis indexes *all* the mesh's devices (every process
+    holds the same copy); each process puts only its own devices' slices."""
+    sharding = stacked_sharding(mesh)
+    return jax.tree.map(
+        lambda x: jax.make_array_from_callback(np.shape(x), sharding, lambda idx: x[idx]),
+        global_stacked,
+    )
+
+
 def unreplicate(stacked: Any) -> Any:
     """The slice held by this process's first device (all are equal for replicated values)."""
     return jax.tree.map(lambda x: x.addressable_shards[0].data[0], stacked)

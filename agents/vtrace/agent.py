@@ -1,0 +1,135 @@
+"""The V-trace (IMPALA) agent as the three pure functions of `podracer.agent.Agent`."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from agents.vtrace.losses import vtrace_loss
+from agents.vtrace.networks import make_network
+from podracer.agent import Agent
+from podracer.types import Array, EnvSpec, Metrics, Params, PRNGKey, TimeStep, Trajectory
+
+
+@chex.dataclass(frozen=True)
+class LearnerState:
+    params: Params
+    opt_state: optax.OptState
+    updates: Array  # [] int32, learner updates applied so far
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The agent's hyperparameters, one comment per field."""
+    c = ml_collections.ConfigDict()
+    c.name = "vtrace"
+    c.torso = "auto"  # "auto" | "mlp" | "conv" | "resnet"
+    c.hidden_sizes = (64, 64)  # MLP torso layer sizes
+    c.learning_rate = 1e-3  # Adam step size
+    c.adam_eps = 1e-5
+    c.max_grad_norm = 1.0  # gradients are clipped to this global norm
+    c.discount = 0.99  # gamma
+    c.lambda_ = 1.0  # V-trace trace-cutting lambda
+    c.clip_rho_threshold = 1.0  # rho-bar in the paper
+    c.clip_pg_rho_threshold = 1.0
+    c.baseline_cost = 0.5
+    c.entropy_cost = 0.01
+    return c
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adam(config.learning_rate, eps=config.adam_eps),
+    )
+
+
+def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
+    """Builds the V-trace agent for environments with a discrete action spec."""
+    network = make_network(config, env_spec)
+    optimizer = make_optimizer(config)
+
+    def init(key: PRNGKey, spec: EnvSpec = env_spec) -> LearnerState:
+        dummy = jnp.zeros((1,) + tuple(spec.observation.shape), spec.observation.dtype)
+        params = network.init(key, dummy)
+        return LearnerState(
+            params=params, opt_state=optimizer.init(params), updates=jnp.zeros((), jnp.int32)
+        )
+
+    def init_actor_state(batch_size: int) -> tuple[()]:
+        del batch_size
+        return ()
+
+    def actor_params(learner_state: LearnerState) -> Params:
+        return learner_state.params
+
+    def actor_step(params, actor_state, timestep: TimeStep, key: PRNGKey, *, evaluation=False):
+        logits, _ = network.apply(params, timestep.observation)
+        if evaluation:
+            action = jnp.argmax(logits, axis=-1)
+        else:
+            action = jax.random.categorical(key, logits)
+        return action.astype(jnp.int32), actor_state, {"logits": logits}
+
+    def loss_fn(params: Params, trajectory: Trajectory):
+        obs = trajectory.timestep.observation  # [T+1, B, ...]
+        t1, b = obs.shape[:2]
+        logits, values = network.apply(params, obs.reshape((t1 * b,) + obs.shape[2:]))
+        logits = logits.reshape(t1, b, -1)
+        values = values.reshape(t1, b)
+        batched = jax.vmap(
+            lambda *xs: vtrace_loss(
+                *xs,
+                discount=config.discount,
+                lambda_=config.lambda_,
+                clip_rho_threshold=config.clip_rho_threshold,
+                clip_pg_rho_threshold=config.clip_pg_rho_threshold,
+                baseline_cost=config.baseline_cost,
+                entropy_cost=config.entropy_cost,
+            ),
+            in_axes=1,
+        )
+        out = batched(
+            logits[:-1],
+            values,
+            trajectory.action,
+            trajectory.extras["logits"],
+            trajectory.timestep.reward[1:],
+            trajectory.timestep.discount[1:],
+            trajectory.transition_mask(),
+        )
+        out = jax.tree.map(jnp.mean, out)
+        return out.loss, out
+
+    def learner_step(learner_state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
+                     axis_name: str | None) -> tuple[LearnerState, Metrics]:
+        del key  # V-trace's update is deterministic.
+        grads, out = jax.grad(loss_fn, has_aux=True)(learner_state.params, trajectory)
+        if axis_name is not None:
+            grads = jax.lax.pmean(grads, axis_name)
+        updates, opt_state = optimizer.update(grads, learner_state.opt_state,
+                                              learner_state.params)
+        params = optax.apply_updates(learner_state.params, updates)
+        metrics = {
+            "loss": out.loss,
+            "policy_loss": out.policy_loss,
+            "baseline_loss": out.baseline_loss,
+            "entropy": out.entropy,
+            "mean_rho": out.mean_rho,
+            "grad_norm": optax.global_norm(grads),
+        }
+        if axis_name is not None:
+            metrics = jax.lax.pmean(metrics, axis_name)
+        new_state = LearnerState(params=params, opt_state=opt_state,
+                                 updates=learner_state.updates + 1)
+        return new_state, metrics
+
+    return Agent(
+        init=init,
+        actor_step=actor_step,
+        learner_step=learner_step,
+        init_actor_state=init_actor_state,
+        actor_params=actor_params,
+    )

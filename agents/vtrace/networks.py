@@ -1,0 +1,114 @@
+"""Actor-critic networks for the V-trace agent: torsos and policy/value heads (flax linen).
+
+`make_network(config, env_spec)` picks the torso: `"mlp"` flattens vector or small board
+observations; `"conv"` is the small Atari convolutional torso (DQN-style);
+`"resnet"` is the IMPALA deep residual torso; `"auto"` is `"conv"` for observations of rank 3
+and `"mlp"` otherwise. Image observations stored as uint8 are scaled to [0, 1] here, so
+buffers and device transfers keep their native dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+import ml_collections
+
+from podracer.types import Array, EnvSpec
+
+
+def _as_float(x: Array) -> Array:
+    if x.dtype == jnp.uint8:
+        return x.astype(jnp.float32) / 255.0
+    return x.astype(jnp.float32)
+
+
+class MLPTorso(nn.Module):
+    """Flattens all but the leading batch axis, then dense layers with ReLU."""
+
+    hidden_sizes: Sequence[int] = (64, 64)
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        x = _as_float(x).reshape(x.shape[0], -1)
+        for size in self.hidden_sizes:
+            x = nn.relu(nn.Dense(size)(x))
+        return x
+
+
+class ConvTorso(nn.Module):
+    """The DQN/IMPALA-shallow convolutional torso for [B, H, W, C] images."""
+
+    channels: Sequence[int] = (32, 64, 64)
+    kernels: Sequence[int] = (8, 4, 3)
+    strides: Sequence[int] = (4, 2, 1)
+    hidden_size: int = 512
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        x = _as_float(x)
+        for c, k, s in zip(self.channels, self.kernels, self.strides):
+            x = nn.relu(nn.Conv(c, (k, k), strides=(s, s), padding="VALID")(x))
+        x = x.reshape(x.shape[0], -1)
+        return nn.relu(nn.Dense(self.hidden_size)(x))
+
+
+class _ResidualBlock(nn.Module):
+    channels: int
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        y = nn.Conv(self.channels, (3, 3))(nn.relu(x))
+        y = nn.Conv(self.channels, (3, 3))(nn.relu(y))
+        return x + y
+
+
+class ResNetTorso(nn.Module):
+    """The IMPALA deep torso (Espeholt et al., 2018): 3 stages of conv, max-pool, 2 res blocks."""
+
+    channels: Sequence[int] = (16, 32, 32)
+    hidden_size: int = 256
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        x = _as_float(x)
+        for c in self.channels:
+            x = nn.Conv(c, (3, 3))(x)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            x = _ResidualBlock(c)(x)
+            x = _ResidualBlock(c)(x)
+        x = nn.relu(x).reshape(x.shape[0], -1)
+        return nn.relu(nn.Dense(self.hidden_size)(x))
+
+
+class ActorCritic(nn.Module):
+    """Torso, then a linear policy head (logits) and a linear value head."""
+
+    torso: nn.Module
+    num_actions: int
+
+    @nn.compact
+    def __call__(self, observation: Array) -> tuple[Array, Array]:
+        h = self.torso(observation)
+        logits = nn.Dense(self.num_actions, name="policy")(h)
+        value = nn.Dense(1, name="value")(h)[..., 0]
+        return logits, value
+
+
+TORSOS = ("auto", "mlp", "conv", "resnet")
+
+
+def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> ActorCritic:
+    torso_name = config.torso
+    if torso_name == "auto":
+        torso_name = "conv" if len(env_spec.observation.shape) == 3 else "mlp"
+    if torso_name == "mlp":
+        torso = MLPTorso(tuple(config.hidden_sizes))
+    elif torso_name == "conv":
+        torso = ConvTorso()
+    elif torso_name == "resnet":
+        torso = ResNetTorso()
+    else:
+        raise ValueError(f"agent.torso={config.torso!r}: use one of {TORSOS}.")
+    return ActorCritic(torso=torso, num_actions=env_spec.action.num_values)

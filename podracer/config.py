@@ -1,0 +1,67 @@
+"""Config validation helpers: one place that turns a bad `ConfigDict` into a clear error.
+
+Runners validate their whole config once, before anything is compiled or started, with these
+helpers; every error names the offending field and says how to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+    """A config field has a value the run cannot use. The message names the field and the fix."""
+
+    def __init__(self, field: str, problem: str, fix: str):
+        self.field = field
+        super().__init__(f"config.{field}: {problem}. Fix: {fix}")
+
+
+def get(config: ml_collections.ConfigDict, field: str) -> Any:
+    """`config.a.b.c` for `field="a.b.c"`, or a ConfigError if it is missing."""
+    node: Any = config
+    for part in field.split("."):
+        try:
+            node = node[part]
+        except (KeyError, AttributeError):
+            raise ConfigError(field, "is missing", f"set --config.{field}=...") from None
+    return node
+
+
+def require_positive(config: ml_collections.ConfigDict, *fields: str) -> None:
+    for field in fields:
+        value = get(config, field)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(field, f"must be a positive number, got {value!r}",
+                              f"set --config.{field} to a value > 0")
+
+
+def require_non_negative(config: ml_collections.ConfigDict, *fields: str) -> None:
+    for field in fields:
+        value = get(config, field)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ConfigError(field, f"must be >= 0, got {value!r}",
+                              f"set --config.{field} to a value >= 0")
+
+
+def require_choice(config: ml_collections.ConfigDict, field: str, choices: Iterable[str]) -> None:
+    choices = list(choices)
+    value = get(config, field)
+    if value not in choices:
+        raise ConfigError(field, f"unknown value {value!r}",
+                          f"use one of: {', '.join(map(str, choices))}")
+
+
+def require_divisible(config: ml_collections.ConfigDict, field: str, divisor: int,
+                      what: str) -> None:
+    value = get(config, field)
+    if value % divisor:
+        lower = value - value % divisor
+        raise ConfigError(
+            field,
+            f"{value} is not divisible by {what} ({divisor})",
+            f"use a multiple of {divisor}, e.g. {max(lower, divisor)} or {lower + divisor}",
+        )
