@@ -118,7 +118,7 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
             "baseline_loss": out.baseline_loss,
             "entropy": out.entropy,
             "mean_rho": out.mean_rho,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
         }
         if axis_name is not None:
             metrics = jax.lax.pmean(metrics, axis_name)
