@@ -1,12 +1,21 @@
 """The JAX environment API: pure `reset`/`step`, the RNG key inside the state.
 
 See `podracer.types` for the transition layout every environment follows.
+
+Specs: `observation_spec()` is an `ArraySpec` (or, for an adapter of a library with structured
+observations, a pytree of them: `envs_jax.FlattenObservation` turns it into one vector);
+`action_spec()` is a `DiscreteSpec` or an `ArraySpec` (continuous, or one discrete choice per
+entry with `minimum`/`maximum`); `reward_spec()` is a scalar float32 unless the environment
+has several agents. Where a game has a legal-action mask it is `timestep.extras["action_mask"]`
+(bool `[num_actions]`, present on every timestep, FIRST included).
 """
 
 from __future__ import annotations
 
 import abc
 from typing import Any, Generic, TypeVar
+
+import numpy as np
 
 from podracer.types import Array, ArraySpec, DiscreteSpec, EnvSpec, PRNGKey, TimeStep
 
@@ -34,6 +43,10 @@ class Environment(abc.ABC, Generic[State]):
     @abc.abstractmethod
     def action_spec(self) -> DiscreteSpec | ArraySpec: ...
 
+    def reward_spec(self) -> ArraySpec:
+        """A scalar float32 unless overridden (multi-agent adapters give one per agent)."""
+        return ArraySpec((), np.float32, name="reward")
+
     def spec(self) -> EnvSpec:
         return EnvSpec(observation=self.observation_spec(), action=self.action_spec())
 
@@ -59,6 +72,9 @@ class Wrapper(Environment[State]):
 
     def action_spec(self) -> DiscreteSpec | ArraySpec:
         return self.env.action_spec()
+
+    def reward_spec(self) -> ArraySpec:
+        return self.env.reward_spec()
 
     @property
     def unwrapped(self) -> Environment[Any]:

@@ -1,6 +1,23 @@
-"""Wrappers: automatic reset, time limit and episode statistics, all pure and jittable.
+"""Wrappers: automatic reset, time limit, episode statistics, observation flattening and
+normalisation; all pure and jittable.
 
-`wrap_for_training(env)` stacks them the way the runners expect.
+`wrap_for_training(env)` stacks them the way the runners expect:
+`AutoReset(EpisodeStatistics(TimeLimit(env)))`, the time limit optional.
+
+The transition layout they produce (the dm_env convention of `podracer.types`):
+
+    reset            -> FIRST  (reward 0, discount 1)
+    step(a_0)        -> MID    reward r_1, discount 1
+    ...
+    step(a_{n-1})    -> LAST   reward r_n, discount 0 (true terminal) or 1 (truncated by
+                                the time limit); the observation is the episode's final one
+    step(ignored)    -> FIRST  of the next episode (reward 0, discount 1): the automatic reset
+
+The pre-reset final observation is therefore never lost: it is the LAST timestep's own
+observation, and the reset happens one step later. A learner bootstraps a truncated episode
+from it (discount 1) and masks the LAST -> FIRST pseudo-transition
+(`Trajectory.transition_mask`). Nothing is duplicated into `extras` for it: in this layout a
+`final_observation` entry would be a copy of `observation` on every LAST step.
 """
 
 from __future__ import annotations
@@ -10,9 +27,10 @@ from typing import Any
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from envs_jax.base import Environment, Wrapper
-from podracer.types import Array, PRNGKey, StepType, TimeStep
+from podracer.types import Array, ArraySpec, PRNGKey, StepType, TimeStep
 
 
 def _select(pred: Array, on_true: Any, on_false: Any) -> Any:
@@ -80,7 +98,7 @@ class TimeLimit(Wrapper[TimeLimitState]):
 @chex.dataclass(frozen=True)
 class EpisodeStatisticsState:
     env_state: Any
-    episode_return: Array  # [] float32, so far in this episode
+    episode_return: Array  # [] float32 (or [num_agents]), so far in this episode
     episode_length: Array  # [] int32, so far in this episode
 
 
@@ -95,7 +113,8 @@ class EpisodeStatistics(Wrapper[EpisodeStatisticsState]):
         env_state, timestep = self.env.reset(key)
         state = EpisodeStatisticsState(
             env_state=env_state,
-            episode_return=jnp.zeros((), jnp.float32),
+            # One return per agent where the environment has several.
+            episode_return=jnp.zeros(self.env.reward_spec().shape, jnp.float32),
             episode_length=jnp.zeros((), jnp.int32),
         )
         return state, self._annotate(timestep, state)
@@ -119,8 +138,104 @@ class EpisodeStatistics(Wrapper[EpisodeStatisticsState]):
         return timestep.replace(extras=extras)
 
 
+class FlattenObservation(Wrapper[Any]):
+    """Turns any observation (an array or a pytree of arrays) into one float32 vector.
+
+    Leaves are raveled and concatenated in `jax.tree.leaves` order (dicts by sorted key);
+    booleans and integers become 0/1 and their value as float32.
+    """
+
+    def reset(self, key: PRNGKey) -> tuple[Any, TimeStep]:
+        state, timestep = self.env.reset(key)
+        return state, self._flatten(timestep)
+
+    def step(self, state: Any, action: Array) -> tuple[Any, TimeStep]:
+        state, timestep = self.env.step(state, action)
+        return state, self._flatten(timestep)
+
+    @staticmethod
+    def _flatten(timestep: TimeStep) -> TimeStep:
+        leaves = jax.tree.leaves(timestep.observation)
+        flat = jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves])
+        return timestep.replace(observation=flat)
+
+    def observation_spec(self) -> ArraySpec:
+        specs = jax.tree.leaves(self.env.observation_spec())
+        size = sum(int(np.prod(spec.shape)) for spec in specs)
+        bounded = all(s.minimum is not None and s.maximum is not None for s in specs)
+
+        def bound(attr: str) -> np.ndarray | None:
+            if not bounded:
+                return None
+            parts = [np.broadcast_to(np.asarray(getattr(s, attr), np.float32), s.shape).ravel()
+                     for s in specs]
+            return np.concatenate(parts)
+
+        return ArraySpec((size,), np.float32, bound("minimum"), bound("maximum"), name="flat")
+
+
+@chex.dataclass(frozen=True)
+class NormalizeObservationState:
+    env_state: Any
+    count: Array  # [] float32 observations seen
+    mean: Array  # [*obs_shape] float32 running mean
+    m2: Array  # [*obs_shape] float32 running sum of squared deviations (Welford)
+
+
+class NormalizeObservation(Wrapper[NormalizeObservationState]):
+    """Standardises observations by their running mean and variance, clipped to +-`clip`.
+
+    Every observation (FIRST included) updates the statistics before it is normalised. Put it
+    *outside* `AutoReset` (`NormalizeObservation(wrap_for_training(env))`) so the statistics
+    outlive episodes: a reset of this wrapper starts them afresh. Under `vmap` each copy keeps
+    its own statistics, so a run stays a pure function of its key.
+    """
+
+    def __init__(self, env: Environment[Any], *, clip: float = 10.0, epsilon: float = 1e-8):
+        super().__init__(env)
+        self.clip = clip
+        self.epsilon = epsilon
+
+    def reset(self, key: PRNGKey) -> tuple[NormalizeObservationState, TimeStep]:
+        env_state, timestep = self.env.reset(key)
+        shape = self.env.observation_spec().shape
+        state = NormalizeObservationState(
+            env_state=env_state,
+            count=jnp.zeros((), jnp.float32),
+            mean=jnp.zeros(shape, jnp.float32),
+            m2=jnp.zeros(shape, jnp.float32),
+        )
+        return self._update(state, timestep)
+
+    def step(
+        self, state: NormalizeObservationState, action: Array
+    ) -> tuple[NormalizeObservationState, TimeStep]:
+        env_state, timestep = self.env.step(state.env_state, action)
+        return self._update(state.replace(env_state=env_state), timestep)
+
+    def _update(
+        self, state: NormalizeObservationState, timestep: TimeStep
+    ) -> tuple[NormalizeObservationState, TimeStep]:
+        x = timestep.observation.astype(jnp.float32)
+        count = state.count + 1.0
+        delta = x - state.mean
+        mean = state.mean + delta / count
+        m2 = state.m2 + delta * (x - mean)
+        normalized = (x - mean) / jnp.sqrt(m2 / count + self.epsilon)
+        state = state.replace(count=count, mean=mean, m2=m2)
+        return state, timestep.replace(observation=jnp.clip(normalized, -self.clip, self.clip))
+
+    def observation_spec(self) -> ArraySpec:
+        spec = self.env.observation_spec()
+        return ArraySpec(spec.shape, np.float32, -self.clip, self.clip, name=spec.name)
+
+
 def wrap_for_training(env: Environment[Any], max_episode_steps: int | None = None) -> Environment:
-    """Time limit (optional) -> episode statistics -> automatic reset."""
+    """Time limit (optional) -> episode statistics -> automatic reset.
+
+    `envs_jax.make` already applies an environment's standard time limit; `max_episode_steps`
+    here adds another (the shorter one wins), for environments that have none.
+    """
     if max_episode_steps is not None:
         env = TimeLimit(env, max_episode_steps)
     return AutoReset(EpisodeStatistics(env))
