@@ -1,0 +1,637 @@
+"""The Sebulba runner (Hessel et al., 2021, section 4): environments on the host, acting on
+actor devices, learning replicated over learner devices, in every process of a run.
+
+Data flow in one process (A actor devices, N threads each, L learner devices here, L_all in
+the whole run):
+
+    actor thread (A x N of them; each owns an envpool batch of B environments):
+        timestep = env.reset()
+        for rollout k = 1, 2, ...:
+            params = params_store.for_rollout(k)             # the staleness protocol, below
+            repeat T times:
+                on the actor device: action, extras = actor_step(params, timestep)
+                on the host:         timestep = env.step(action)   # envpool's C++ threads
+            on the actor device: stack the T+1 timesteps, T actions and extras -> [T+1, B]
+                                 and split along B into L shards [T+1, B/L]
+            shard l -> learner device l                       # device to device, no host copy
+            queue[thread].put(shards)                         # bounded: back-pressure
+
+    learner thread:
+        for update u = 1 .. U:
+            batch = rollout u of every actor thread           # queue[i].get() for each i
+            state = learner_step(state, batch)                # replicated over the L_all
+                                                              # learner devices; pmean'd grads
+            params_store.publish(u, actor_params(state))      # onto every actor device
+
+    main thread: validates, compiles, starts the threads, then waits until the learner is done,
+    a thread fails, or Ctrl-C; then stops every thread and closes every environment.
+
+Staleness protocol. Parameters carry a version: the number of learner updates behind them.
+Update u consumes rollout u of each thread; its policy lag is (u - 1) - (the oldest version
+that acted in the batch), logged for every update.
+  - "fixed" (default, reproducible): rollout k acts with exactly version max(k - 1 - lag, 0),
+    waiting for it if the learner is behind. With lag = 1 the actors collect batch u + 1 while
+    the learner computes update u, and the whole run is a pure function of (config, seed,
+    device count). lag = 0 is synchronous, on-policy learning.
+  - "latest": before every inference an actor switches to the newest published version; it
+    never waits. The queue bounds the lag: at most queue_size + 1.
+
+Replicas: under `jax.distributed` every process runs this same program on its own devices and
+environments; the learner mesh holds the learner devices of all processes, so the update's
+`pmean` averages gradients over all of them, and all processes apply identical updates.
+
+Faults: every thread runs inside `_Supervisor`, which records the first exception with its
+traceback and sets the stop flag. Every blocking wait (queues, parameter versions) polls that
+flag and gives up after `timeout_s`, so a failure anywhere ends the run promptly, and `train`
+re-raises the original exception.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+import agents
+from podracer import distributed, replication
+from podracer.agent import Agent
+from podracer.metrics import MetricsWriter
+from podracer.types import DEVICE_AXIS, TimeStep, Trajectory
+from sebulba import envpool_env
+from sebulba.config import Topology, validate
+
+_POLL_S = 0.05  # how often a blocked wait looks at the stop flag
+_JOIN_S = 10.0  # how long shutdown waits for each thread
+
+
+class StallError(TimeoutError):
+    """A thread waited longer than `config.timeout_s` for another one."""
+
+
+class ThreadFailure(RuntimeError):
+    """A Sebulba thread raised; the original exception is the `__cause__`."""
+
+
+# ---------------------------------------------------------------------------------------------
+# THREADS, STOP FLAG AND ERRORS
+
+
+class _Supervisor:
+    """Runs named threads; the first exception in any of them stops all of them."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.errors: list[tuple[str, BaseException, str]] = []
+        self._lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+
+    def start(self, name: str, fn: Callable[[], None]) -> threading.Thread:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - every failure must reach the main thread
+                with self._lock:
+                    self.errors.append((name, e, traceback.format_exc()))
+                self.stop.set()
+
+        # Daemon: a thread stuck in a device call must not keep a failed process alive.
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+        return thread
+
+    def join(self, timeout_s: float = _JOIN_S) -> list[str]:
+        """Stops and joins every thread; returns the names of those still running."""
+        self.stop.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return [t.name for t in self.threads if t.is_alive()]
+
+    def raise_first_error(self) -> None:
+        if self.errors:
+            name, error, formatted = self.errors[0]
+            raise ThreadFailure(f"Sebulba thread {name!r} failed:\n{formatted}") from error
+
+
+def _put(q: queue.Queue, item: Any, stop: threading.Event, timeout_s: float, what: str) -> bool:
+    """Blocking put that gives up when `stop` is set (False) or after `timeout_s` (raises)."""
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            if time.monotonic() > deadline:
+                raise StallError(f"{what}: queue still full after {timeout_s:.0f}s; "
+                                 "the learner has stopped consuming") from None
+    return False
+
+
+def _get(q: queue.Queue, stop: threading.Event, timeout_s: float, what: str) -> Any:
+    """Blocking get that returns None when `stop` is set, raises after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        try:
+            return q.get(timeout=_POLL_S)
+        except queue.Empty:
+            if time.monotonic() > deadline:
+                raise StallError(f"{what}: nothing arrived in {timeout_s:.0f}s; an actor thread "
+                                 "has stopped producing") from None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# PARAMETERS ON THE ACTOR DEVICES
+
+
+class ParamsStore:
+    """Versioned actor parameters, one copy on every actor device.
+
+    The learner publishes version u after update u; actor threads read either an exact version
+    (fixed lag) or the newest. The last `keep` versions are kept, enough for the fixed-lag
+    protocol: when rollout k asks for version k - 1 - lag, the learner is at most at k - 1.
+    """
+
+    def __init__(self, devices: Sequence[jax.Device], keep: int):
+        self.devices = list(devices)
+        self.keep = keep
+        self._cond = threading.Condition()
+        self._versions: dict[int, list[Any]] = {}
+        self._newest = -1
+
+    def publish(self, version: int, params: Any) -> None:
+        copies = [jax.device_put(params, d) for d in self.devices]
+        with self._cond:
+            self._versions[version] = copies
+            for old in [v for v in self._versions if v <= version - self.keep]:
+                del self._versions[old]
+            self._newest = version
+            self._cond.notify_all()
+
+    def newest(self, device_index: int) -> tuple[int, Any]:
+        with self._cond:
+            return self._newest, self._versions[self._newest][device_index]
+
+    def wait_for(self, version: int, device_index: int, stop: threading.Event,
+                 timeout_s: float) -> Any:
+        """Exactly `version` on actor device `device_index`; None if stopped first."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._newest < version:
+                if stop.is_set():
+                    return None
+                if time.monotonic() > deadline:
+                    raise StallError(f"parameters version {version} not published after "
+                                     f"{timeout_s:.0f}s (newest: {self._newest})")
+                self._cond.wait(_POLL_S)
+            if version not in self._versions:
+                raise RuntimeError(f"parameters version {version} already dropped (keeping "
+                                   f"{self.keep}, newest {self._newest}): staleness bug")
+            return self._versions[version][device_index]
+
+
+# ---------------------------------------------------------------------------------------------
+# ACTORS
+
+
+@dataclasses.dataclass
+class _Rollout:
+    """What an actor thread hands to the learner for one trajectory."""
+
+    shards: list[Trajectory]  # one per local learner device, leaves [1, T+1, B/L, ...]
+    oldest_version: int  # the oldest parameters version that chose an action in it
+    newest_version: int
+
+
+@dataclasses.dataclass
+class _ActorFigures:
+    """Actor-side figures since the last log record, summed over this process's threads."""
+
+    env_steps: int = 0
+    rollouts: int = 0
+    put_wait_s: float = 0.0
+    params_wait_s: float = 0.0
+    episode_returns: list[float] = dataclasses.field(default_factory=list)
+    episode_lengths: list[int] = dataclasses.field(default_factory=list)
+
+
+class _ActorCounters:
+    """Thread-safe accumulation of `_ActorFigures`; the learner takes them at each log."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._figures = _ActorFigures()
+
+    def add(self, *, env_steps: int, put_wait_s: float, params_wait_s: float,
+            episode_returns: list[float], episode_lengths: list[int]) -> None:
+        with self._lock:
+            f = self._figures
+            f.env_steps += env_steps
+            f.rollouts += 1
+            f.put_wait_s += put_wait_s
+            f.params_wait_s += params_wait_s
+            f.episode_returns.extend(episode_returns)
+            f.episode_lengths.extend(episode_lengths)
+
+    def take(self) -> _ActorFigures:
+        with self._lock:
+            figures, self._figures = self._figures, _ActorFigures()
+        return figures
+
+
+def _strip_extras(timestep: TimeStep) -> TimeStep:
+    # Episode statistics stay on the host; the learner does not need them.
+    return timestep.replace(extras={})
+
+
+def make_actor_functions(agent: Agent, num_shards: int) -> tuple[Callable, Callable]:
+    """The jitted `act(params, actor_state, timestep, key)` and
+    `pack(timesteps, actions, extras) -> tuple of num_shards Trajectory shards`."""
+
+    def act(params, actor_state, timestep, key):
+        key, act_key = jax.random.split(key)
+        timestep = timestep.replace(observation=envpool_env.to_agent_layout(timestep.observation))
+        action, actor_state, extras = agent.actor_step(params, actor_state, timestep, act_key)
+        return action, actor_state, extras, key
+
+    def pack(timesteps, actions, extras):
+        timesteps = [t.replace(observation=envpool_env.to_agent_layout(t.observation))
+                     for t in timesteps]
+        stack = lambda *xs: jnp.stack(xs)  # noqa: E731
+        trajectory = Trajectory(timestep=jax.tree.map(stack, *timesteps),
+                                action=jnp.stack(actions),
+                                extras=jax.tree.map(stack, *extras))
+        b = trajectory.action.shape[1] // num_shards
+        return tuple(
+            jax.tree.map(lambda x, i=i: x[None, :, i * b:(i + 1) * b], trajectory)
+            for i in range(num_shards)
+        )
+
+    return jax.jit(act), jax.jit(pack)
+
+
+# ---------------------------------------------------------------------------------------------
+# RESULTS
+
+
+@dataclasses.dataclass
+class TrainResult:
+    learner_state: Any  # stacked over every learner device of the run
+    final_metrics: dict[str, Any]  # the last log record
+    history: list[dict[str, Any]]  # every log record
+    policy_lags: list[int]  # one per update: (u - 1) - oldest behaviour version in batch u
+    actor_params: list[tuple[int, Any]]  # (version, params) newest on each actor device
+    last_batch: tuple[Trajectory, ...]  # the last update's input, global arrays
+    run_info: dict[str, Any]  # what was run: envpool version and protocol, devices, config
+    compile_seconds: float
+    run_seconds: float
+
+    @property
+    def params(self) -> Any:
+        """The learner parameters of this process's first learner device."""
+        return replication.unreplicate(self.learner_state.params)
+
+
+# ---------------------------------------------------------------------------------------------
+# THE RUN
+
+
+def _devices_of_process(process_index: int) -> list[jax.Device]:
+    return sorted((d for d in jax.devices() if d.process_index == process_index),
+                  key=lambda d: d.id)
+
+
+def _global_batch(shards: Sequence[Trajectory], mesh: jax.sharding.Mesh) -> Trajectory:
+    """This process's per-learner-device shards -> global arrays stacked over all learners."""
+    sharding = replication.stacked_sharding(mesh)
+    num_global = mesh.devices.size
+
+    def assemble(*pieces):
+        return jax.make_array_from_single_device_arrays(
+            (num_global,) + pieces[0].shape[1:], sharding, list(pieces))
+
+    return jax.tree.map(assemble, *shards)
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
+          log_fn: Callable[[dict], None] | None = None) -> TrainResult:
+    """Runs a Sebulba experiment to `config.total_env_steps` and returns its final state.
+
+    Joins a `jax.distributed` run first if launched as one (see `podracer.distributed`).
+    Writes `<workdir>/run_info.json` and `<workdir>/metrics.jsonl` and prints one progress line
+    per log record (process 0 only).
+    """
+    distributed.initialize_from_env()
+    topology = validate(config)
+    process = jax.process_index()
+    is_main = process == 0
+    local = jax.local_devices()
+    actor_devices = [local[i] for i in topology.actor_device_ids]
+    learner_devices_here = [local[i] for i in topology.learner_device_ids]
+    learner_mesh = replication.make_mesh([
+        _devices_of_process(p)[i]
+        for p in range(jax.process_count()) for i in topology.learner_device_ids
+    ])
+    assert replication.local_devices(learner_mesh) == learner_devices_here
+
+    task, protocol = config.env.task, config.env.protocol
+    options = envpool_env.make_options(task, protocol, config.env.get("kwargs", {}))
+    spec = envpool_env.env_spec(task, options)
+    agent = agents.make(config.agent, spec)
+    frame_skip = int(options.get("frame_skip", 1))
+
+    num_threads = topology.num_actor_threads
+    envs_per_thread = config.envs_per_actor_thread
+    rollout_length = config.rollout_length
+    steps_per_update = jax.process_count() * num_threads * envs_per_thread * rollout_length
+    num_updates = max(1, math.ceil(config.total_env_steps / steps_per_update))
+    fixed = config.staleness == "fixed"
+
+    run_info = {
+        "architecture": "sebulba",
+        "environment": envpool_env.run_description(task, protocol, options),
+        "agent": config.agent.name,
+        "platform": local[0].platform,
+        "num_processes": jax.process_count(),
+        "actor_devices": [str(d) for d in actor_devices],
+        "learner_devices": [str(d) for d in learner_mesh.devices.flat],
+        "actor_threads": num_threads,
+        "learner_batch": [rollout_length, steps_per_update // rollout_length],
+        "num_updates": num_updates,
+        "jax_version": jax.__version__,
+        "config": config.to_dict(),
+    }
+
+    # COMPILE THE LEARNER (and build its state) before any thread starts
+    start = time.perf_counter()
+    seed_key = jax.random.PRNGKey(config.seed)
+    params_key, learner_key, actor_key = jax.random.split(seed_key, 3)
+    num_learners = learner_mesh.devices.size
+    init_fn = replication.replicate(lambda key: agent.init(key, spec), learner_mesh)
+    learner_state = init_fn(replication.from_global(
+        np.broadcast_to(np.asarray(params_key), (num_learners, 2)), learner_mesh))
+    learner_keys = replication.from_global(
+        np.asarray(jax.random.split(learner_key, num_learners)), learner_mesh)
+
+    def update(state, key, trajectories):
+        # Rollouts of all this process's actor threads, side by side along the batch axis.
+        trajectory = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *trajectories)
+        key, step_key = jax.random.split(key)
+        state, metrics = agent.learner_step(state, trajectory, step_key, axis_name=DEVICE_AXIS)
+        return state, key, metrics
+
+    act, pack = make_actor_functions(agent, len(learner_devices_here))
+    example_batch = _example_batch(agent, spec, learner_state, learner_mesh, rollout_length,
+                                   envs_per_thread // len(learner_devices_here), num_threads)
+    update_fn = replication.replicate(update, learner_mesh, donate_argnums=(0, 1))
+    update_fn = update_fn.lower(learner_state, learner_keys, example_batch).compile()
+
+    # A jitted copy out of the first local learner device's slice: fresh buffers, so that
+    # donating the learner state to the next update cannot free what the actors hold.
+    first_slice_actor_params = jax.jit(
+        lambda s: agent.actor_params(jax.tree.map(lambda x: x[0], s)))
+
+    def local_actor_params(state):
+        return first_slice_actor_params(
+            jax.tree.map(lambda x: x.addressable_shards[0].data, state))
+
+    store = ParamsStore(actor_devices, keep=(config.policy_lag + 2) if fixed else 1)
+    store.publish(0, local_actor_params(learner_state))
+    compile_seconds = time.perf_counter() - start
+
+    # THREADS
+    supervisor = _Supervisor()
+    stop = supervisor.stop
+    counters = _ActorCounters()
+    queues = [queue.Queue(maxsize=config.queue_size) for _ in range(num_threads)]
+    envs: list[envpool_env.EnvpoolEnv] = []
+
+    def actor_loop(device_index: int, thread_id: int, env: envpool_env.EnvpoolEnv) -> None:
+        device = actor_devices[device_index]
+        out = queues[thread_id]
+        key = jax.device_put(jax.random.fold_in(jax.random.fold_in(actor_key, process),
+                                                thread_id), device)
+        actor_state = jax.device_put(agent.init_actor_state(envs_per_thread), device)
+        timestep = env.reset()
+        timestep_dev = jax.device_put(_strip_extras(timestep), device)
+        for k in itertools.count(1):
+            # PARAMETERS FOR THIS ROLLOUT
+            wait_start = time.perf_counter()
+            if fixed:
+                version = max(k - 1 - config.policy_lag, 0)
+                params = store.wait_for(version, device_index, stop, config.timeout_s)
+                if params is None:
+                    return
+            else:
+                version, params = store.newest(device_index)
+            params_wait = time.perf_counter() - wait_start
+            oldest = newest = version
+
+            # ACT FOR T STEPS; the trajectory stays on the actor device
+            timesteps, actions, extras = [timestep_dev], [], []
+            returns, lengths = [], []
+            for _ in range(rollout_length):
+                if not fixed:
+                    version, params = store.newest(device_index)
+                    newest = version
+                action, actor_state, extra, key = act(params, actor_state, timestep_dev, key)
+                timestep = env.step(np.asarray(action))
+                timestep_dev = jax.device_put(_strip_extras(timestep), device)
+                timesteps.append(timestep_dev)
+                actions.append(action)
+                extras.append(extra)
+                done = timestep.extras["game_over"]
+                if done.any():
+                    returns.extend(timestep.extras["episode_return"][done].tolist())
+                    lengths.extend(timestep.extras["episode_length"][done].tolist())
+
+            # SPLIT ALONG B AND SEND EACH SHARD TO ITS LEARNER DEVICE
+            shards = pack(timesteps, actions, extras)
+            shards = [jax.device_put(s, d) for s, d in zip(shards, learner_devices_here)]
+            put_start = time.perf_counter()
+            if not _put(out, _Rollout(list(shards), oldest, newest), stop, config.timeout_s,
+                        f"actor thread {thread_id}"):
+                return
+            counters.add(env_steps=rollout_length * envs_per_thread,
+                         put_wait_s=time.perf_counter() - put_start, params_wait_s=params_wait,
+                         episode_returns=returns, episode_lengths=lengths)
+
+    history: list[dict[str, Any]] = []
+    policy_lags: list[int] = []
+    last_batch: list[Any] = [()]
+    learner_done = threading.Event()
+    writer = MetricsWriter(workdir, enabled=is_main)
+    if is_main and workdir:
+        with open(os.path.join(workdir, "run_info.json"), "w") as f:
+            json.dump(run_info, f, indent=2, default=str)
+
+    def learner_loop() -> None:
+        nonlocal learner_state, learner_keys
+        pending_metrics: list[Any] = []
+        lags: list[int] = []
+        waited = 0.0
+        last_time = run_start
+        last_update = 0
+        for u in range(1, num_updates + 1):
+            # ROLLOUT u OF EVERY ACTOR THREAD
+            wait_start = time.perf_counter()
+            rollouts = []
+            for i, q in enumerate(queues):
+                rollout = _get(q, stop, config.timeout_s, f"learner waiting for actor thread {i}")
+                if rollout is None:
+                    return
+                rollouts.append(rollout)
+            waited += time.perf_counter() - wait_start
+            lag = (u - 1) - min(r.oldest_version for r in rollouts)
+            policy_lags.append(lag)
+            lags.append(lag)
+
+            # UPDATE, REPLICATED OVER EVERY LEARNER DEVICE OF EVERY PROCESS
+            batch = tuple(_global_batch(r.shards, learner_mesh) for r in rollouts)
+            learner_state, learner_keys, metrics = update_fn(learner_state, learner_keys, batch)
+            store.publish(u, local_actor_params(learner_state))
+            pending_metrics.append(jax.tree.map(lambda x: x.addressable_shards[0].data,
+                                                metrics))
+            last_batch[0] = batch
+
+            # LOG
+            if u % config.log_every_updates == 0 or u == num_updates:
+                learner_metrics = jax.device_get(pending_metrics)
+                now = time.perf_counter()
+                actor = counters.take()
+                elapsed = now - last_time
+                done_updates = u - last_update
+                env_steps = u * steps_per_update
+                record = {
+                    "env_steps": env_steps,
+                    "env_frames": env_steps * frame_skip,
+                    "updates": u,
+                    "episode_return": _mean(actor.episode_returns),
+                    "episode_length": _mean(actor.episode_lengths),
+                    "episodes": len(actor.episode_returns),
+                    "steps_per_second": done_updates * steps_per_update / elapsed,
+                    "actor_steps_per_second": actor.env_steps / elapsed,
+                    "learner_updates_per_second": done_updates / elapsed,
+                    "learner_wait_fraction": waited / elapsed,
+                    "actor_put_wait_s": actor.put_wait_s / max(actor.rollouts, 1),
+                    "actor_params_wait_s": actor.params_wait_s / max(actor.rollouts, 1),
+                    "policy_lag": float(np.mean(lags)),
+                    "policy_lag_max": int(max(lags)),
+                    "policy_lags": list(lags),
+                    "wall_time": now - run_start + compile_seconds,
+                    **{k: float(np.mean([m[k] for m in learner_metrics]))
+                       for k in learner_metrics[0]},
+                }
+                history.append(record)
+                writer.write(record)
+                if log_fn is not None:
+                    log_fn(record)
+                pending_metrics, lags, waited = [], [], 0.0
+                last_time, last_update = now, u
+        learner_done.set()
+
+    if is_main:
+        print(f"Sebulba: {config.agent.name} on {task} (protocol {protocol or 'none'}, envpool "
+              f"{run_info['environment']['envpool_version']}); {jax.process_count()} "
+              f"process(es); actors {run_info['actor_devices']} x {config.actor_threads_per_device}"
+              f" thread(s) x {envs_per_thread} envs; learners {run_info['learner_devices']}; "
+              f"T={rollout_length}, {num_updates} updates, staleness={config.staleness}"
+              f"{f' (lag {config.policy_lag})' if fixed else ''}; compiled in "
+              f"{compile_seconds:.1f}s", flush=True)
+
+    run_start = time.perf_counter()
+    try:
+        for device_index in range(len(actor_devices)):
+            for j in range(config.actor_threads_per_device):
+                thread_id = device_index * config.actor_threads_per_device + j
+                env_seed = int(np.random.SeedSequence(
+                    [config.seed, process, thread_id]).generate_state(1)[0] % (2**31 - 1))
+                env = envpool_env.EnvpoolEnv(task, envs_per_thread, seed=env_seed,
+                                             num_threads=config.env.num_threads, options=options)
+                envs.append(env)
+                supervisor.start(f"actor-{process}.{device_index}.{j}",
+                                 lambda d=device_index, t=thread_id, e=env: actor_loop(d, t, e))
+        supervisor.start(f"learner-{process}", learner_loop)
+        # The main thread only watches, so that Ctrl-C lands here and stops everyone.
+        while not learner_done.is_set() and not stop.is_set():
+            stop.wait(0.1)
+    finally:
+        stuck = supervisor.join()
+        for env in envs:
+            env.close()
+        writer.close()
+    supervisor.raise_first_error()
+    if stuck and not learner_done.is_set():
+        raise StallError(f"threads did not stop within {_JOIN_S:.0f}s: {stuck}")
+    run_seconds = time.perf_counter() - run_start
+
+    final = history[-1] if history else {}
+    if is_main:
+        print(f"Done: {final.get('env_steps', 0):,} env steps in {run_seconds:.1f}s "
+              f"(+{compile_seconds:.1f}s compile); final mean episode return "
+              f"{final.get('episode_return', float('nan')):.3f}", flush=True)
+    result = TrainResult(
+        learner_state=learner_state,
+        final_metrics=final,
+        history=history,
+        policy_lags=policy_lags,
+        actor_params=[store.newest(i) for i in range(len(actor_devices))],
+        last_batch=last_batch[0],
+        run_info=run_info,
+        compile_seconds=compile_seconds,
+        run_seconds=run_seconds,
+    )
+    if workdir and config.get("save_final_params", False):
+        save_params(result.params, os.path.join(workdir, f"final_params.process{process}.npz"))
+    return result
+
+
+def save_params(params: Any, path: str) -> None:
+    """Writes a params pytree as an .npz keyed by each leaf's path."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    np.savez(path, **{jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves})
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else float("nan")
+
+
+def _example_batch(agent: Agent, spec: Any, learner_state: Any, mesh: jax.sharding.Mesh,
+                   rollout_length: int, shard_batch: int, num_rollouts: int) -> tuple:
+    """Abstract (shape, dtype, sharding) stand-ins for one update's input, for compiling."""
+    params = agent.actor_params(replication.unreplicate(learner_state))
+    obs = jax.ShapeDtypeStruct((shard_batch,) + tuple(spec.observation.shape),
+                               spec.observation.dtype)
+    timestep = TimeStep(step_type=jax.ShapeDtypeStruct((shard_batch,), jnp.int32),
+                        reward=jax.ShapeDtypeStruct((shard_batch,), jnp.float32),
+                        discount=jax.ShapeDtypeStruct((shard_batch,), jnp.float32),
+                        observation=obs, extras={})
+    action, _, extras = jax.eval_shape(
+        lambda p, t, k: agent.actor_step(p, agent.init_actor_state(shard_batch), t, k),
+        params, timestep, jax.random.PRNGKey(0))
+    sharding = replication.stacked_sharding(mesh)
+    num = mesh.devices.size
+
+    def lead(length):
+        return lambda x: jax.ShapeDtypeStruct((num, length) + tuple(x.shape), x.dtype,
+                                              sharding=sharding)
+
+    trajectory = Trajectory(timestep=jax.tree.map(lead(rollout_length + 1), timestep),
+                            action=lead(rollout_length)(action),
+                            extras=jax.tree.map(lead(rollout_length), extras))
+    return (trajectory,) * num_rollouts
