@@ -1,0 +1,203 @@
+"""The conformance suite: every registered environment against the `envs_jax` API contract.
+
+For each environment, one jitted program resets a vmapped batch and runs it through
+`wrap_for_training` with a short `TimeLimit` (L steps) under random legal actions, and beside
+it the same environment *without* any wrapper from the same reset key with the same actions
+(its first episode). Checked:
+
+- reset and step run under `jit` and `vmap`; every output matches the specs (shapes, dtypes,
+  step types, rewards and discounts as float32, the action mask where there is one);
+- the wrappers are transparent: up to the first episode's end the wrapped timesteps equal the
+  bare environment's;
+- a time-limit end is LAST with discount 1 unless the bare environment terminated on that same
+  step; a true terminal (for native environments, every end before the limit) has discount 0;
+- automatic reset: FIRST exactly after each LAST, with reward 0 and discount 1, and the LAST
+  timestep keeps the final observation;
+- determinism: the same key gives bit-identical results.
+
+Native environments always run. Adapted libraries run when their extra is installed (else
+their cases are skipped): by default a few representative environments each, and with
+`PODRACER_FULL_CONFORMANCE=1` every environment the library registers (minutes on a 2-core
+CPU; run before changing an adapter or a pinned library version).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs_jax
+from podracer.types import ArraySpec, DiscreteSpec, StepType
+
+LIMIT = 8  # L: the test's time limit
+NUM_STEPS = 3 * LIMIT
+NUM_ENVS = 2
+FULL = os.environ.get("PODRACER_FULL_CONFORMANCE") == "1"
+
+# The representative environments of each adapted library run by default.
+DEFAULT_ADAPTED = {
+    "gymnax": ["Breakout-MinAtar", "Pendulum-v1"],  # discrete and continuous actions
+    "pgx": ["minatar-breakout", "tic_tac_toe"],  # one player, and two with a legal-action mask
+    "jumanji": ["Snake-v1"],  # a structured observation with a mask
+}
+# Environments that cannot be built on a machine without network access, and why.
+NEEDS_DOWNLOAD = {"gymnax:MNISTBandit-bsuite": "downloads the MNIST data set when built"}
+
+
+def _cases() -> list:
+    cases = [pytest.param(name, id=name) for name in envs_jax.registered(adapters=False)]
+    for namespace in envs_jax.namespaces():
+        if FULL and envs_jax.registry.installed(namespace):
+            names = [n for n in envs_jax.registered() if n.startswith(namespace + ":")]
+        else:
+            names = [f"{namespace}:{n}" for n in DEFAULT_ADAPTED[namespace]]
+        cases += [pytest.param(name, id=name) for name in names]
+    return cases
+
+
+def _sample_action(spec, mask, key):
+    """A uniformly random action, legal where the environment gives a mask."""
+    if isinstance(spec, DiscreteSpec):
+        if mask is not None and mask.shape == (spec.num_values,):
+            logits = jnp.where(mask | ~mask.any(), 0.0, -jnp.inf)
+            return jax.random.categorical(key, logits).astype(spec.dtype)
+        return jax.random.randint(key, (), 0, spec.num_values, spec.dtype)
+    if np.issubdtype(spec.dtype, np.integer):
+        maximum = jnp.broadcast_to(jnp.asarray(spec.maximum), spec.shape)
+        if mask is not None and mask.shape[:-1] == spec.shape:
+            logits = jnp.where(mask | ~mask.any(-1, keepdims=True), 0.0, -jnp.inf)
+            return jax.random.categorical(key, logits).astype(spec.dtype)
+        return jax.random.randint(key, spec.shape, 0, maximum + 1, spec.dtype)
+    low = np.broadcast_to(np.asarray(spec.minimum, np.float32), spec.shape)
+    high = np.broadcast_to(np.asarray(spec.maximum, np.float32), spec.shape)
+    low, high = np.where(np.isfinite(low), low, -1.0), np.where(np.isfinite(high), high, 1.0)
+    return jax.random.uniform(key, spec.shape, jnp.float32, low, high).astype(spec.dtype)
+
+
+def _make_program(name: str):
+    bare = envs_jax.make(name)
+    wrapped = envs_jax.wrap_for_training(bare, max_episode_steps=LIMIT)
+    action_spec = bare.action_spec()
+
+    def run(key):
+        # AutoReset hands its reset key to the inner environment: start the bare one likewise.
+        reset_key, key = jax.random.split(key)
+        state, timestep = wrapped.reset(reset_key)
+        bare_state, bare_timestep = bare.reset(jax.random.split(reset_key)[1])
+
+        def body(carry, key):
+            state, timestep, bare_state = carry
+            action = _sample_action(action_spec, timestep.extras.get("action_mask"), key)
+            state, timestep = wrapped.step(state, action)
+            bare_state, bare_timestep = bare.step(bare_state, action)
+            return (state, timestep, bare_state), (timestep, bare_timestep)
+
+        carry = (state, timestep, bare_state)
+        _, (timesteps, bare_timesteps) = jax.lax.scan(
+            body, carry, jax.random.split(key, NUM_STEPS)
+        )
+        return timestep, bare_timestep, timesteps, bare_timesteps
+
+    return bare, jax.jit(jax.vmap(run))
+
+
+def _check_matches_spec(timestep, env, batch_shape: tuple[int, ...]) -> None:
+    obs_specs = jax.tree.leaves(env.observation_spec())
+    observations = jax.tree.leaves(timestep.observation)
+    assert len(obs_specs) == len(observations)
+    for spec, obs in zip(obs_specs, observations):
+        assert isinstance(spec, ArraySpec)
+        assert obs.shape == batch_shape + tuple(spec.shape), (obs.shape, spec.shape)
+        assert obs.dtype == spec.dtype, (obs.dtype, spec.dtype)
+    assert timestep.step_type.dtype == jnp.int32 and timestep.step_type.shape == batch_shape
+    assert timestep.reward.dtype == jnp.float32
+    assert timestep.reward.shape == batch_shape + tuple(env.reward_spec().shape)
+    assert timestep.discount.dtype == jnp.float32
+    mask = timestep.extras.get("action_mask")
+    if mask is not None:
+        assert mask.dtype == jnp.bool_
+        if isinstance(env.action_spec(), DiscreteSpec):
+            assert mask.shape == batch_shape + (env.action_spec().num_values,)
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_conforms_to_the_api(name: str) -> None:
+    namespace, sep, _ = name.partition(":")
+    if sep:
+        pytest.importorskip(namespace)
+    if name in NEEDS_DOWNLOAD:
+        pytest.skip(NEEDS_DOWNLOAD[name])
+    bare, program = _make_program(name)
+    keys = jax.random.split(jax.random.PRNGKey(0), NUM_ENVS)
+    outputs = jax.device_get(program(keys))
+
+    # DETERMINISM: the same keys, the same results, bit for bit.
+    jax.tree.map(np.testing.assert_array_equal, outputs, jax.device_get(program(keys)))
+
+    first, bare_first, *scanned = outputs
+    # vmap put the batch axis first; index the scanned outputs as [t, b].
+    timesteps, bare_timesteps = jax.tree.map(lambda x: np.swapaxes(x, 0, 1), scanned)
+
+    # SPECS: reset outputs [B], step outputs [T, B].
+    _check_matches_spec(first, bare, (NUM_ENVS,))
+    _check_matches_spec(timesteps, bare, (NUM_STEPS, NUM_ENVS))
+    assert np.all(first.step_type == StepType.FIRST)
+    assert np.all(first.reward == 0) and np.all(first.discount == 1)
+
+    native = not sep
+    for b in range(NUM_ENVS):
+        at = lambda tree, t: jax.tree.map(lambda x: x[t, b], tree)  # noqa: E731
+        # TRANSPARENCY and TIME LIMIT, over the first episode.
+        jax.tree.map(np.testing.assert_array_equal, first.observation, bare_first.observation)
+        for t in range(LIMIT):
+            ours, theirs = at(timesteps, t), at(bare_timesteps, t)
+            where = f"{name} env {b} step {t}"
+            np.testing.assert_array_equal(ours.reward, theirs.reward, err_msg=where)
+            np.testing.assert_array_equal(ours.discount, theirs.discount, err_msg=where)
+            jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y, err_msg=where),
+                         ours.observation, theirs.observation)
+            if theirs.step_type == StepType.LAST:
+                assert ours.step_type == StepType.LAST, where
+                break
+            if t == LIMIT - 1:  # truncated by the limit, the bare environment went on
+                assert ours.step_type == StepType.LAST and np.all(ours.discount == 1.0), where
+            else:
+                assert ours.step_type == StepType.MID, where
+
+        # AUTOMATIC RESET, EPISODE STATISTICS AND DISCOUNTS, over the whole rollout.
+        previous, length = StepType.FIRST, 0
+        for t in range(NUM_STEPS):
+            ts = at(timesteps, t)
+            where = f"{name} env {b} step {t}"
+            if previous == StepType.LAST:
+                assert ts.step_type == StepType.FIRST, where
+                assert np.all(ts.reward == 0) and np.all(ts.discount == 1), where
+                length = 0
+            else:
+                assert ts.step_type in (StepType.MID, StepType.LAST), where
+                length += 1
+                assert ts.extras["episode_length"] == length, where
+                assert length <= LIMIT, where
+            if ts.step_type == StepType.MID:
+                assert np.all(ts.discount == 1.0), where
+            if ts.step_type == StepType.LAST:
+                assert np.all((ts.discount == 0.0) | (ts.discount == 1.0)), where
+                if native and length < LIMIT:  # native environments never truncate by themselves
+                    assert np.all(ts.discount == 0.0), where
+            previous = ts.step_type
+
+
+def test_registry_lists_natives_and_names_missing_extras() -> None:
+    natives = envs_jax.registered(adapters=False)
+    for name in ["catch", "deep_sea", "memory_chain", "umbrella_chain", "bandit", "CartPole-v1",
+                 "Acrobot-v1", "MountainCar-v0", "Pendulum-v1"]:
+        assert name in natives
+    assert set(natives) <= set(envs_jax.registered())
+    with pytest.raises(KeyError, match="namespace"):
+        envs_jax.make("nolib:Foo")
+    with pytest.raises(KeyError, match="CartPole-v1"):
+        envs_jax.make("CartPole-v2")
