@@ -139,7 +139,9 @@ class MemoryChain(Environment[MemoryChainState]):
 
     def _observation(self, state: MemoryChainState) -> Array:
         t = state.timestep
-        time_left = 1.0 - t.astype(jnp.float32) / self.memory_length
+        # (L - t) / L rather than 1 - t / L: XLA turns the division into a multiplication by
+        # 1/L, and only this form is exactly 0 at t = L.
+        time_left = (self.memory_length - t).astype(jnp.float32) / self.memory_length
         query = jnp.where(t == self.memory_length - 1, state.query, 0).astype(jnp.float32)
         context = jnp.where(t == 0, 2 * state.context - 1, 0).astype(jnp.float32)
         return jnp.concatenate([time_left[None], query[None], context])[None, :]
@@ -200,7 +202,8 @@ class UmbrellaChain(Environment[UmbrellaChainState]):
         self.n_distractor = n_distractor
 
     def _observation(self, state: UmbrellaChainState, key: PRNGKey) -> Array:
-        time_left = 1.0 - state.timestep.astype(jnp.float32) / self.chain_length
+        # Exactly 0 at the end (see MemoryChain._observation).
+        time_left = (self.chain_length - state.timestep).astype(jnp.float32) / self.chain_length
         distractors = jax.random.bernoulli(key, 0.5, (self.n_distractor,)).astype(jnp.float32)
         head = jnp.stack(
             [state.need_umbrella.astype(jnp.float32), state.has_umbrella.astype(jnp.float32),
