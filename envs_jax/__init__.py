@@ -3,7 +3,8 @@
 Native environments: `catch`; bsuite-style diagnostics `deep_sea`, `memory_chain`,
 `umbrella_chain`, `bandit`; classic control `CartPole-v1`, `Acrobot-v1`, `MountainCar-v0`,
 `Pendulum-v1` (with gymnasium's time limits). Adapted libraries, each behind an optional extra
-of the same name: `gymnax:<name>`, `pgx:<name>`, `jumanji:<name>`. See `envs_jax.registry`.
+of the same name: `gymnax:<name>`, `pgx:<name>`, `jumanji:<name>`, `brax:<name>`. See
+`envs_jax.registry`.
 """
 
 from envs_jax.base import Environment, Wrapper
@@ -41,6 +42,7 @@ register_namespace("gymnax", library="gymnax", adapter="envs_jax.adapters.gymnax
 register_namespace("pgx", library="pgx", adapter="envs_jax.adapters.pgx", extra="pgx")
 register_namespace("jumanji", library="jumanji", adapter="envs_jax.adapters.jumanji",
                    extra="jumanji")
+register_namespace("brax", library="brax", adapter="envs_jax.adapters.brax", extra="brax")
 
 __all__ = [
     "Acrobot",

@@ -43,6 +43,7 @@ DEFAULT_ADAPTED = {
     "gymnax": ["Breakout-MinAtar", "Pendulum-v1"],  # discrete and continuous actions
     "pgx": ["minatar-breakout", "tic_tac_toe"],  # one player, and two with a legal-action mask
     "jumanji": ["Snake-v1"],  # a structured observation with a mask
+    "brax": ["fast"],  # brax's own quick test environment (the physics ones compile for ~1 min)
 }
 # Environments that cannot be built on a machine without network access, and why.
 NEEDS_DOWNLOAD = {"gymnax:MNISTBandit-bsuite": "downloads the MNIST data set when built"}
