@@ -1,0 +1,105 @@
+"""Starts a multi-process run on this machine: N copies of an experiment joined by
+`jax.distributed`, with cross-process collectives on the CPU through gloo.
+
+    python -m experiments.launch --num_processes=2 -- \
+        --config=experiments/configs/sebulba_vtrace_cartpole.py --workdir=/tmp/run
+
+Everything after `--` is passed to the experiment module (`--module`, default
+`experiments.sebulba`). Each process gets PODRACER_COORDINATOR_ADDRESS, PODRACER_NUM_PROCESSES
+and PODRACER_PROCESS_ID (see `podracer.distributed`). If any process fails, the others are
+stopped and the launcher exits with the failed process's status; Ctrl-C is passed on to all.
+On a TPU slice or GPU cluster, start the same experiment command on every host instead (see
+docs/sebulba.md).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+from podracer import distributed
+
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 2, "Processes to start.")
+_MODULE = flags.DEFINE_string("module", "experiments.sebulba", "Experiment module to run.")
+_PORT = flags.DEFINE_integer("port", 0, "Coordinator port on 127.0.0.1; 0 picks a free one.")
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices_per_process", 0,
+    "Simulated CPU devices in each process (sets --xla_force_host_platform_device_count); "
+    "0 leaves XLA_FLAGS as it is.")
+_GRACE_S = flags.DEFINE_float("grace_s", 10.0,
+                              "Seconds the others get to stop after one process fails.")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child_env(process_id: int, num_processes: int, port: int, cpu_devices: int) -> dict:
+    env = dict(os.environ)
+    env[distributed.COORDINATOR] = f"127.0.0.1:{port}"
+    env[distributed.NUM_PROCESSES] = str(num_processes)
+    env[distributed.PROCESS_ID] = str(process_id)
+    if cpu_devices:
+        flags_ = [f for f in env.get("XLA_FLAGS", "").split()
+                  if not f.startswith("--xla_force_host_platform_device_count")]
+        flags_.append(f"--xla_force_host_platform_device_count={cpu_devices}")
+        env["XLA_FLAGS"] = " ".join(flags_)
+        env.setdefault("JAX_PLATFORMS", "cpu")
+    return env
+
+
+def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def launch(module: str, args: list[str], num_processes: int, *, port: int = 0,
+           cpu_devices_per_process: int = 0, grace_s: float = 10.0) -> int:
+    """Runs `python -m module args...` in `num_processes` joined processes; returns the exit
+    status (0 if all succeeded, else the first failure's)."""
+    port = port or _free_port()
+    procs = [
+        subprocess.Popen([sys.executable, "-m", module, *args],
+                         env=_child_env(i, num_processes, port, cpu_devices_per_process))
+        for i in range(num_processes)
+    ]
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed:
+                print(f"launch: a process exited with status {failed[0]}; stopping the others",
+                      file=sys.stderr, flush=True)
+                _stop_all(procs, grace_s)
+                return failed[0]
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        _stop_all(procs, grace_s)
+        return 130
+
+
+def main(argv: list[str]) -> None:
+    sys.exit(launch(_MODULE.value, argv[1:], _NUM_PROCESSES.value, port=_PORT.value,
+                    cpu_devices_per_process=_CPU_DEVICES.value, grace_s=_GRACE_S.value))
+
+
+if __name__ == "__main__":
+    app.run(main)
