@@ -19,8 +19,15 @@ def _vtrace(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     return vtrace.make_agent(config, env_spec)
 
 
+def _muzero(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
+    from agents import muzero
+
+    return muzero.make_agent(config, env_spec)
+
+
 _FACTORIES: dict[str, Callable[[ml_collections.ConfigDict, EnvSpec], Agent]] = {
     "vtrace": _vtrace,
+    "muzero": _muzero,
 }
 
 

@@ -1,0 +1,147 @@
+"""MuZero's three networks (Schrittwieser et al., 2020): representation h, dynamics g and
+prediction f, with categorical reward and value heads.
+
+Two variants: an MLP for vector (or small board) observations and a residual conv net with
+downsampling for images. Latent states are min-max normalised to [0, 1] per example, as in
+MuZero, so the dynamics' inputs keep one scale however deep the unroll goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from podracer.types import Array, EnvSpec
+
+
+def _as_float(x: Array) -> Array:
+    if x.dtype == jnp.uint8:
+        return x.astype(jnp.float32) / 255.0
+    return x.astype(jnp.float32)
+
+
+def normalise_latent(x: Array) -> Array:
+    """Scales each example's latent to [0, 1] (MuZero appendix G)."""
+    axes = tuple(range(1, x.ndim))
+    low = x.min(axis=axes, keepdims=True)
+    high = x.max(axis=axes, keepdims=True)
+    return (x - low) / jnp.maximum(high - low, 1e-5)
+
+
+class _MLP(nn.Module):
+    sizes: Sequence[int]
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        for size in self.sizes:
+            x = nn.relu(nn.LayerNorm()(nn.Dense(size)(x)))
+        return x
+
+
+class _ResBlock(nn.Module):
+    channels: int
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        y = nn.relu(nn.LayerNorm()(nn.Conv(self.channels, (3, 3))(x)))
+        y = nn.LayerNorm()(nn.Conv(self.channels, (3, 3))(y))
+        return nn.relu(x + y)
+
+
+class MuZeroNetwork(nn.Module):
+    """`h(obs) -> latent`, `g(latent, action) -> (reward_logits, latent')` and
+    `f(latent) -> (policy_logits, value_logits)`; call the methods through `apply(...,
+    method=...)`. `__call__` runs all three once, for `init`."""
+
+    num_actions: int
+    num_bins: int  # bins of the categorical reward and value supports
+    kind: str = "mlp"  # "mlp" | "resnet"
+    latent_size: int = 64  # MLP latent width
+    hidden_sizes: Sequence[int] = (64,)
+    channels: int = 32  # conv latent channels
+    num_blocks: int = 2  # residual blocks in each of h, g and f
+
+    def setup(self):
+        if self.kind == "mlp":
+            self.repr_net = _MLP((*self.hidden_sizes, self.latent_size))
+            self.dyn_net = _MLP((*self.hidden_sizes, self.latent_size))
+        else:
+            self.repr_down = [nn.Conv(self.channels, (3, 3), strides=(2, 2)),
+                              nn.Conv(self.channels, (3, 3), strides=(2, 2))]
+            self.repr_blocks = [_ResBlock(self.channels) for _ in range(self.num_blocks)]
+            self.dyn_in = nn.Conv(self.channels, (3, 3))
+            self.dyn_blocks = [_ResBlock(self.channels) for _ in range(self.num_blocks)]
+            self.pred_blocks = [_ResBlock(self.channels) for _ in range(self.num_blocks)]
+        self.reward_head = _Head(self.num_bins, self.hidden_sizes)
+        self.policy_head = _Head(self.num_actions, self.hidden_sizes)
+        self.value_head = _Head(self.num_bins, self.hidden_sizes)
+
+    def represent(self, observation: Array) -> Array:
+        x = _as_float(observation)
+        if self.kind == "mlp":
+            return normalise_latent(self.repr_net(x.reshape(x.shape[0], -1)))
+        for conv in self.repr_down:
+            x = nn.relu(conv(x))
+        for block in self.repr_blocks:
+            x = block(x)
+        return normalise_latent(x)
+
+    def dynamics(self, latent: Array, action: Array) -> tuple[Array, Array]:
+        one_hot = jax.nn.one_hot(action, self.num_actions)
+        if self.kind == "mlp":
+            x = self.dyn_net(jnp.concatenate([latent, one_hot], axis=-1))
+        else:
+            planes = jnp.broadcast_to(one_hot[:, None, None, :],
+                                      latent.shape[:3] + (self.num_actions,))
+            x = nn.relu(self.dyn_in(jnp.concatenate([latent, planes], axis=-1)))
+            for block in self.dyn_blocks:
+                x = block(x)
+        reward_logits = self.reward_head(x.reshape(x.shape[0], -1))
+        return reward_logits, normalise_latent(x)
+
+    def predict(self, latent: Array) -> tuple[Array, Array]:
+        x = latent
+        if self.kind != "mlp":
+            for block in self.pred_blocks:
+                x = block(x)
+        x = x.reshape(x.shape[0], -1)
+        return self.policy_head(x), self.value_head(x)
+
+    def __call__(self, observation: Array, action: Array):
+        latent = self.represent(observation)
+        reward_logits, next_latent = self.dynamics(latent, action)
+        return self.predict(next_latent), reward_logits
+
+
+class _Head(nn.Module):
+    outputs: int
+    hidden_sizes: Sequence[int]
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        for size in self.hidden_sizes:
+            x = nn.relu(nn.Dense(size)(x))
+        # Zero-initialised output: uniform priors and a value/reward distribution centred on
+        # bin 0 at the start, as in the MuZero pseudocode's zero-initialised heads.
+        return nn.Dense(self.outputs, kernel_init=nn.initializers.zeros)(x)
+
+
+def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> MuZeroNetwork:
+    kind = config.network
+    if kind == "auto":
+        kind = "resnet" if len(env_spec.observation.shape) == 3 else "mlp"
+    if kind not in ("mlp", "resnet"):
+        raise ValueError(f"agent.network={config.network!r}: use 'auto', 'mlp' or 'resnet'.")
+    return MuZeroNetwork(
+        num_actions=env_spec.action.num_values,
+        num_bins=2 * config.support_size + 1,
+        kind=kind,
+        latent_size=config.latent_size,
+        hidden_sizes=tuple(config.hidden_sizes),
+        channels=config.channels,
+        num_blocks=config.num_blocks,
+    )
