@@ -57,11 +57,15 @@ class Replay(NamedTuple):
 
 
 def replay_bytes(capacity: int, example_item: Any) -> int:
-    """Bytes a buffer of `capacity` items like `example_item` occupies (items + priorities)."""
-    per_item = sum(
-        int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(x.dtype).itemsize
-        for x in map(np.asarray, jax.tree.leaves(example_item))
-    )
+    """Bytes a buffer of `capacity` items like `example_item` occupies (items + priorities).
+
+    `example_item` may hold arrays or `jax.ShapeDtypeStruct`s: nothing is allocated."""
+    def nbytes(x: Any) -> int:
+        if not hasattr(x, "shape"):  # Python scalars
+            x = np.asarray(x)
+        return int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+
+    per_item = sum(nbytes(x) for x in jax.tree.leaves(example_item))
     return int(capacity * (per_item + 4))
 
 

@@ -1,6 +1,6 @@
 """MuZero (Schrittwieser et al., 2020) with mctx search and on-device replay."""
 
-from agents.muzero.agent import LearnerState, default_config, make_agent
+from agents.muzero.agent import LearnerState, default_config, make_agent, make_recurrent_fn
 from agents.muzero.networks import MuZeroNetwork, make_network, normalise_latent
 from agents.muzero.targets import n_step_values, probs_to_scalar, scalar_to_probs
 
@@ -10,6 +10,7 @@ __all__ = [
     "default_config",
     "make_agent",
     "make_network",
+    "make_recurrent_fn",
     "n_step_values",
     "normalise_latent",
     "probs_to_scalar",

@@ -90,6 +90,32 @@ def _check_replay_fits(config: ml_collections.ConfigDict, item: dict) -> None:
         )
 
 
+def make_recurrent_fn(network: MuZeroNetwork, support_size: int, discount: float):
+    """mctx's `recurrent_fn`: one step of the learnt model from `embedding` ([B, ...]) with
+    `action` ([B]) -> (RecurrentFnOutput with [B] reward, discount, value and [B, A] prior
+    logits, next embedding). Consumes no randomness."""
+
+    def to_scalar(logits: Array) -> Array:
+        return tgt.probs_to_scalar(jax.nn.softmax(logits), support_size)
+
+    def recurrent_fn(params, key, action, embedding):
+        del key
+        reward_logits, latent = network.apply(params, embedding, action, method="dynamics")
+        prior_logits, value_logits = network.apply(params, latent, method="predict")
+        output = mctx.RecurrentFnOutput(
+            reward=to_scalar(reward_logits),
+            # The learnt model does not predict episode ends: MuZero plans as if the episode
+            # went on, and terminal states are handled by the value targets instead (a
+            # terminal's value target is 0, so the model learns to value it so).
+            discount=jnp.full(action.shape, discount, jnp.float32),
+            prior_logits=prior_logits,
+            value=to_scalar(value_logits),
+        )
+        return output, latent
+
+    return recurrent_fn
+
+
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     network: MuZeroNetwork = make_network(config, env_spec)
     num_actions = env_spec.action.num_values
@@ -115,19 +141,7 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     def to_scalar(logits: Array) -> Array:
         return tgt.probs_to_scalar(jax.nn.softmax(logits), support)
 
-    def recurrent_fn(params, key, action, embedding):
-        del key
-        reward_logits, latent = network.apply(params, embedding, action, method="dynamics")
-        prior_logits, value_logits = network.apply(params, latent, method="predict")
-        output = mctx.RecurrentFnOutput(
-            reward=to_scalar(reward_logits),
-            # The learnt model does not predict episode ends: MuZero plans as if the episode
-            # went on, and terminal states are handled by the value targets instead.
-            discount=jnp.full(action.shape, config.discount, jnp.float32),
-            prior_logits=prior_logits,
-            value=to_scalar(value_logits),
-        )
-        return output, latent
+    recurrent_fn = make_recurrent_fn(network, support, config.discount)
 
     def search(params, observation, key, *, evaluation: bool):
         latent = network.apply(params, observation, method="represent")
