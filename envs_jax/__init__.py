@@ -40,8 +40,9 @@ register("Pendulum-v1", Pendulum, max_episode_steps=MAX_EPISODE_STEPS["Pendulum-
 
 register_namespace("gymnax", library="gymnax", adapter="envs_jax.adapters.gymnax", extra="gymnax")
 register_namespace("pgx", library="pgx", adapter="envs_jax.adapters.pgx", extra="pgx")
-register_namespace("jumanji", library="jumanji", adapter="envs_jax.adapters.jumanji",
-                   extra="jumanji")
+register_namespace(
+    "jumanji", library="jumanji", adapter="envs_jax.adapters.jumanji", extra="jumanji"
+)
 register_namespace("brax", library="brax", adapter="envs_jax.adapters.brax", extra="brax")
 
 __all__ = [

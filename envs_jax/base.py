@@ -51,7 +51,7 @@ class Environment(abc.ABC, Generic[State]):
         return EnvSpec(observation=self.observation_spec(), action=self.action_spec())
 
     @property
-    def unwrapped(self) -> "Environment[Any]":
+    def unwrapped(self) -> Environment[Any]:
         return self
 
 

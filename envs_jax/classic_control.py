@@ -251,9 +251,11 @@ class MountainCar(_ClassicControl):
 
     def step(self, state: PhysicsState, action: Array) -> tuple[PhysicsState, TimeStep]:
         position, velocity = state.physics
-        velocity = velocity + (action.astype(jnp.float32) - 1) * self.force + jnp.cos(
-            3 * position
-        ) * (-self.gravity)
+        velocity = (
+            velocity
+            + (action.astype(jnp.float32) - 1) * self.force
+            + jnp.cos(3 * position) * (-self.gravity)
+        )
         velocity = jnp.clip(velocity, -self.max_speed, self.max_speed)
         position = jnp.clip(position + velocity, self.min_position, self.max_position)
         # An inelastic wall on the left.
@@ -328,6 +330,9 @@ class Pendulum(_ClassicControl):
 
     def action_spec(self) -> ArraySpec:
         return ArraySpec(
-            (1,), np.float32, np.float32(-self.max_torque), np.float32(self.max_torque),
+            (1,),
+            np.float32,
+            np.float32(-self.max_torque),
+            np.float32(self.max_torque),
             name="torque",
         )

@@ -206,8 +206,11 @@ class UmbrellaChain(Environment[UmbrellaChainState]):
         time_left = (self.chain_length - state.timestep).astype(jnp.float32) / self.chain_length
         distractors = jax.random.bernoulli(key, 0.5, (self.n_distractor,)).astype(jnp.float32)
         head = jnp.stack(
-            [state.need_umbrella.astype(jnp.float32), state.has_umbrella.astype(jnp.float32),
-             time_left]
+            [
+                state.need_umbrella.astype(jnp.float32),
+                state.has_umbrella.astype(jnp.float32),
+                time_left,
+            ]
         )
         return jnp.concatenate([head, distractors])[None, :]
 
@@ -221,9 +224,7 @@ class UmbrellaChain(Environment[UmbrellaChainState]):
         )
         return state, _timestep(StepType.FIRST, 0.0, self._observation(state, obs_key))
 
-    def step(
-        self, state: UmbrellaChainState, action: Array
-    ) -> tuple[UmbrellaChainState, TimeStep]:
+    def step(self, state: UmbrellaChainState, action: Array) -> tuple[UmbrellaChainState, TimeStep]:
         key, noise_key, obs_key = jax.random.split(state.key, 3)
         timestep = state.timestep + 1
         has_umbrella = jnp.where(timestep == 1, action.astype(jnp.int32), state.has_umbrella)

@@ -167,8 +167,10 @@ class FlattenObservation(Wrapper[Any]):
         def bound(attr: str) -> np.ndarray | None:
             if not bounded:
                 return None
-            parts = [np.broadcast_to(np.asarray(getattr(s, attr), np.float32), s.shape).ravel()
-                     for s in specs]
+            parts = [
+                np.broadcast_to(np.asarray(getattr(s, attr), np.float32), s.shape).ravel()
+                for s in specs
+            ]
             return np.concatenate(parts)
 
         return ArraySpec((size,), np.float32, bound("minimum"), bound("maximum"), name="flat")

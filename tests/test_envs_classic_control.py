@@ -29,7 +29,6 @@ import pytest
 import envs_jax
 from podracer.types import StepType
 
-
 # Each environment copy mixes a heuristic with random actions in its own proportion, so that
 # episodes end both ways: by termination and by the time limit.
 EXPLORATION = (0.0, 0.3, 0.6, 1.0)
@@ -109,7 +108,9 @@ def _replay(name: str, mode: str, seed: int = 0) -> dict[str, float]:
         for t in range(-1, NUM_STEPS):
             if t == -1:
                 step_type, observation, state = (
-                    first_ts.step_type[b], first_ts.observation[b], first_physics[b]
+                    first_ts.step_type[b],
+                    first_ts.observation[b],
+                    first_physics[b],
                 )
             else:
                 step_type = timesteps.step_type[t, b]

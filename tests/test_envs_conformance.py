@@ -98,9 +98,7 @@ def _make_program(name: str):
             return (state, timestep, bare_state), (timestep, bare_timestep)
 
         carry = (state, timestep, bare_state)
-        _, (timesteps, bare_timesteps) = jax.lax.scan(
-            body, carry, jax.random.split(key, NUM_STEPS)
-        )
+        _, (timesteps, bare_timesteps) = jax.lax.scan(body, carry, jax.random.split(key, NUM_STEPS))
         return timestep, bare_timestep, timesteps, bare_timesteps
 
     return bare, jax.jit(jax.vmap(run))
@@ -151,7 +149,10 @@ def test_conforms_to_the_api(name: str) -> None:
 
     native = not sep
     for b in range(NUM_ENVS):
-        at = lambda tree, t: jax.tree.map(lambda x: x[t, b], tree)  # noqa: E731
+
+        def at(tree, t, b=b):
+            return jax.tree.map(lambda x: x[t, b], tree)
+
         # TRANSPARENCY and TIME LIMIT, over the first episode.
         jax.tree.map(np.testing.assert_array_equal, first.observation, bare_first.observation)
         for t in range(LIMIT):
@@ -159,8 +160,11 @@ def test_conforms_to_the_api(name: str) -> None:
             where = f"{name} env {b} step {t}"
             np.testing.assert_array_equal(ours.reward, theirs.reward, err_msg=where)
             np.testing.assert_array_equal(ours.discount, theirs.discount, err_msg=where)
-            jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y, err_msg=where),
-                         ours.observation, theirs.observation)
+            jax.tree.map(
+                lambda x, y, where=where: np.testing.assert_array_equal(x, y, err_msg=where),
+                ours.observation,
+                theirs.observation,
+            )
             if theirs.step_type == StepType.LAST:
                 assert ours.step_type == StepType.LAST, where
                 break
@@ -194,8 +198,17 @@ def test_conforms_to_the_api(name: str) -> None:
 
 def test_registry_lists_natives_and_names_missing_extras() -> None:
     natives = envs_jax.registered(adapters=False)
-    for name in ["catch", "deep_sea", "memory_chain", "umbrella_chain", "bandit", "CartPole-v1",
-                 "Acrobot-v1", "MountainCar-v0", "Pendulum-v1"]:
+    for name in [
+        "catch",
+        "deep_sea",
+        "memory_chain",
+        "umbrella_chain",
+        "bandit",
+        "CartPole-v1",
+        "Acrobot-v1",
+        "MountainCar-v0",
+        "Pendulum-v1",
+    ]:
         assert name in natives
     assert set(natives) <= set(envs_jax.registered())
     with pytest.raises(KeyError, match="namespace"):

@@ -19,7 +19,7 @@ import envs_jax
 from podracer.types import StepType
 
 bsuite_envs = pytest.importorskip("bsuite.environments")
-from bsuite.environments import bandit, deep_sea, memory_chain, umbrella_chain  # noqa: E402
+from bsuite.environments import bandit, deep_sea, memory_chain, umbrella_chain
 
 
 def _rollout(env, actions: np.ndarray, seed: int = 0):
@@ -46,12 +46,12 @@ def _at(tree, t):
 def _compare(ours, theirs, where: str, *, observation=True) -> None:
     assert int(ours.step_type) == int(theirs.step_type), where
     if theirs.step_type != StepType.FIRST:
-        np.testing.assert_allclose(ours.reward, theirs.reward, rtol=1e-6, atol=1e-7,
-                                   err_msg=where)
+        np.testing.assert_allclose(ours.reward, theirs.reward, rtol=1e-6, atol=1e-7, err_msg=where)
         assert float(ours.discount) == float(theirs.discount), where
     if observation:
-        np.testing.assert_allclose(ours.observation, theirs.observation, rtol=1e-6, atol=1e-7,
-                                   err_msg=where)
+        np.testing.assert_allclose(
+            ours.observation, theirs.observation, rtol=1e-6, atol=1e-7, err_msg=where
+        )
 
 
 @pytest.mark.parametrize("size, mapping_seed", [(5, 0), (10, 3)])
@@ -165,8 +165,13 @@ def test_umbrella_chain_matches_bsuite():
         where = f"step {t}"
         assert int(ours_t.step_type) == int(expected.step_type), where
         # The first three entries are deterministic; distractors are random bits in both.
-        np.testing.assert_allclose(ours_t.observation[0, :3], expected.observation[0, :3],
-                                   rtol=1e-6, atol=1e-7, err_msg=where)
+        np.testing.assert_allclose(
+            ours_t.observation[0, :3],
+            expected.observation[0, :3],
+            rtol=1e-6,
+            atol=1e-7,
+            err_msg=where,
+        )
         assert set(np.unique(ours_t.observation[0, 3:])) <= {0.0, 1.0}
         if expected.mid():
             assert float(ours_t.reward) in (-1.0, 1.0), where  # noise
@@ -198,5 +203,4 @@ def test_bandit_matches_bsuite(num_actions: int, mapping_seed: int):
     for t, action in enumerate(actions):
         _compare(_at(timesteps, t), theirs.step(int(action)), f"step {t}")
     # The arm rewards are 0, 0.1, ..., 1 in some order (bsuite's definition).
-    np.testing.assert_allclose(np.sort(ours.arm_rewards), np.linspace(0, 1, num_actions),
-                               atol=1e-7)
+    np.testing.assert_allclose(np.sort(ours.arm_rewards), np.linspace(0, 1, num_actions), atol=1e-7)

@@ -34,9 +34,12 @@ class _Counter(envs_jax.Environment):
         reward = t.astype(jnp.float32)
         if self.agents:
             reward = jnp.stack([reward, -reward])
-        return TimeStep(step_type=jnp.asarray(step_type, jnp.int32),
-                        reward=jnp.where(step_type == StepType.FIRST, 0.0, reward),
-                        discount=jnp.asarray(discount, jnp.float32), observation=obs)
+        return TimeStep(
+            step_type=jnp.asarray(step_type, jnp.int32),
+            reward=jnp.where(step_type == StepType.FIRST, 0.0, reward),
+            discount=jnp.asarray(discount, jnp.float32),
+            observation=obs,
+        )
 
     def reset(self, key):
         t = jnp.zeros((), jnp.int32)
@@ -46,11 +49,14 @@ class _Counter(envs_jax.Environment):
         t = state.t + 1
         done = t == self.end
         return _CounterState(t=t), self._timestep(
-            t, jnp.where(done, StepType.LAST, StepType.MID), jnp.where(done, 0.0, 1.0))
+            t, jnp.where(done, StepType.LAST, StepType.MID), jnp.where(done, 0.0, 1.0)
+        )
 
     def observation_spec(self):
-        return {"a": ArraySpec((2,), np.float32, 0.0, 100.0),
-                "b": ArraySpec((1, 1), np.bool_, False, True)}
+        return {
+            "a": ArraySpec((2,), np.float32, 0.0, 100.0),
+            "b": ArraySpec((1, 1), np.bool_, False, True),
+        }
 
     def action_spec(self):
         return DiscreteSpec(2)
@@ -83,7 +89,8 @@ def test_flatten_observation_concatenates_leaves_in_key_order():
 
 def test_normalize_observation_uses_running_mean_and_variance():
     env = envs_jax.NormalizeObservation(
-        envs_jax.wrap_for_training(envs_jax.FlattenObservation(_Counter(end=3))))
+        envs_jax.wrap_for_training(envs_jax.FlattenObservation(_Counter(end=3)))
+    )
     timesteps = _steps(env, 9)
     # The raw observations: t runs 0 1 2 3 | 0 1 2 3 | 0 1 (reset step -> t = 0).
     raw_t = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1], np.float64)
@@ -91,8 +98,9 @@ def test_normalize_observation_uses_running_mean_and_variance():
     for i, ts in enumerate(timesteps):
         seen = raw[: i + 1]
         expected = (raw[i] - seen.mean(0)) / np.sqrt(seen.var(0) + 1e-8)
-        np.testing.assert_allclose(ts.observation, np.clip(expected, -10, 10), rtol=1e-4,
-                                   atol=1e-4, err_msg=f"step {i}")
+        np.testing.assert_allclose(
+            ts.observation, np.clip(expected, -10, 10), rtol=1e-4, atol=1e-4, err_msg=f"step {i}"
+        )
 
 
 def test_episode_statistics_keep_one_return_per_agent():
@@ -125,9 +133,15 @@ def test_make_time_limits():
 
 
 def test_a_missing_extra_is_named(monkeypatch):
-    monkeypatch.setitem(registry._NAMESPACES, "nolib", registry._Namespace(
-        library="surely_not_an_installed_module", adapter="envs_jax.adapters.gymnax",
-        extra="nolib"))
+    monkeypatch.setitem(
+        registry._NAMESPACES,
+        "nolib",
+        registry._Namespace(
+            library="surely_not_an_installed_module",
+            adapter="envs_jax.adapters.gymnax",
+            extra="nolib",
+        ),
+    )
     assert not registry.installed("nolib")
     assert not any(name.startswith("nolib:") for name in envs_jax.registered())
     with pytest.raises(ModuleNotFoundError, match=r"\.\[nolib\]"):

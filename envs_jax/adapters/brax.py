@@ -77,5 +77,10 @@ class BraxEnv(Environment[Any]):
 
     def action_spec(self) -> ArraySpec:
         size = int(self.brax_env.action_size)
-        return ArraySpec((size,), np.float32, -np.ones(size, np.float32),
-                         np.ones(size, np.float32), name="action")
+        return ArraySpec(
+            (size,),
+            np.float32,
+            -np.ones(size, np.float32),
+            np.ones(size, np.float32),
+            name="action",
+        )

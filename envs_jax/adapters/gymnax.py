@@ -34,7 +34,7 @@ def names() -> list[str]:
     return list(gymnax.registered_envs)
 
 
-def make(name: str, *, params: dict[str, Any] | None = None, **kwargs: Any) -> "GymnaxEnv":
+def make(name: str, *, params: dict[str, Any] | None = None, **kwargs: Any) -> GymnaxEnv:
     return GymnaxEnv(name, params=params, **kwargs)
 
 
@@ -81,16 +81,19 @@ class GymnaxEnv(Environment[GymnaxState]):
         return GymnaxState(env_state=env_state, key=key), timestep
 
     def observation_spec(self) -> ArraySpec:
-        spec = specs_of(lambda key: self.gymnax_env.reset_env(key, self.params)[0],
-                        jax.random.PRNGKey(0))
+        spec = specs_of(
+            lambda key: self.gymnax_env.reset_env(key, self.params)[0], jax.random.PRNGKey(0)
+        )
         space = self.gymnax_env.observation_space(self.params)
-        return with_bounds(spec, getattr(space, "low", None), getattr(space, "high", None),
-                           name="observation")
+        return with_bounds(
+            spec, getattr(space, "low", None), getattr(space, "high", None), name="observation"
+        )
 
     def action_spec(self) -> DiscreteSpec | ArraySpec:
         space = self.gymnax_env.action_space(self.params)
         if hasattr(space, "n"):
             return DiscreteSpec(int(space.n), np.int32, name="action")
         shape = tuple(space.shape)
-        return with_bounds(ArraySpec(shape, np.dtype(space.dtype)), space.low, space.high,
-                           name="action")
+        return with_bounds(
+            ArraySpec(shape, np.dtype(space.dtype)), space.low, space.high, name="action"
+        )

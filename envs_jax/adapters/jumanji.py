@@ -36,7 +36,7 @@ def names() -> list[str]:
     return sorted(jumanji.registered_environments())
 
 
-def make(name: str, **kwargs: Any) -> "JumanjiEnv":
+def make(name: str, **kwargs: Any) -> JumanjiEnv:
     return JumanjiEnv(name, **kwargs)
 
 
@@ -90,16 +90,22 @@ class JumanjiEnv(Environment[Any]):
         return ArraySpec(tuple(spec.shape), np.float32, name="reward")
 
     def action_spec(self) -> DiscreteSpec | ArraySpec:
-        import jumanji.specs as specs
+        from jumanji import specs
 
         spec = self.jumanji_env.action_spec
         if isinstance(spec, specs.DiscreteArray):
             return DiscreteSpec(int(spec.num_values), np.int32, name="action")
         if isinstance(spec, specs.MultiDiscreteArray):
             maximum = np.asarray(spec.num_values, np.int32) - 1
-            return ArraySpec(tuple(spec.shape), np.int32, np.zeros_like(maximum), maximum,
-                             name="action")
+            return ArraySpec(
+                tuple(spec.shape), np.int32, np.zeros_like(maximum), maximum, name="action"
+            )
         if isinstance(spec, specs.BoundedArray):
-            return ArraySpec(tuple(spec.shape), np.dtype(spec.dtype), np.asarray(spec.minimum),
-                             np.asarray(spec.maximum), name="action")
+            return ArraySpec(
+                tuple(spec.shape),
+                np.dtype(spec.dtype),
+                np.asarray(spec.minimum),
+                np.asarray(spec.maximum),
+                name="action",
+            )
         return ArraySpec(tuple(spec.shape), np.dtype(spec.dtype), name="action")

@@ -36,7 +36,7 @@ def names() -> list[str]:
     return list(pgx.available_envs())
 
 
-def make(name: str, **kwargs: Any) -> "PgxEnv":
+def make(name: str, **kwargs: Any) -> PgxEnv:
     return PgxEnv(name, **kwargs)
 
 
