@@ -29,13 +29,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.actor_device_ids = (0,)
     config.learner_device_ids = (0,)
     config.actor_threads_per_device = 1  # each with its own envpool batch
-    config.envs_per_actor_thread = 48  # B; must be divisible by the number of learner devices
-    config.rollout_length = 16  # T: steps per trajectory
+    config.envs_per_actor_thread = 32  # B; must be divisible by the number of learner devices
+    config.rollout_length = 32  # T: steps per trajectory
     config.staleness = "fixed"  # "fixed": exactly policy_lag versions behind | "latest"
     config.policy_lag = 1  # fixed protocol: rollout k acts with version max(k - 1 - lag, 0)
     config.queue_size = 1  # trajectories each actor thread may have waiting for the learner
     config.total_env_steps = 500_000  # over all processes
-    config.log_every_updates = 50  # one metrics.jsonl line (and progress line) per this many
+    config.log_every_updates = 20  # one metrics.jsonl line (and progress line) per this many
     config.timeout_s = 300.0  # longest any thread waits for another before the run fails
     config.save_final_params = False  # write <workdir>/final_params.process<i>.npz at the end
     return config

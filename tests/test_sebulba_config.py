@@ -1,0 +1,66 @@
+"""Sebulba config validation: every bad field is named, with its fix, before anything starts."""
+
+import ml_collections
+import pytest
+
+from experiments.configs import sebulba_vtrace_atari, sebulba_vtrace_cartpole
+from podracer.config import ConfigError
+from sebulba import validate
+
+
+def _cartpole(**overrides) -> ml_collections.ConfigDict:
+    config = sebulba_vtrace_cartpole.get_config()
+    for field, value in overrides.items():
+        node = config
+        *parents, leaf = field.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return config
+
+
+def test_shipped_configs_are_valid():
+    topology = validate(sebulba_vtrace_cartpole.get_config(), num_local_devices=1,
+                        num_processes=1)
+    assert topology.actor_device_ids == (0,) and topology.learner_device_ids == (0,)
+    validate(sebulba_vtrace_atari.get_config(), num_local_devices=1, num_processes=1)
+    topology = validate(_cartpole(actor_device_ids=(0, 1), learner_device_ids=(2, 3, 4, 5, 6, 7),
+                                  actor_threads_per_device=2),
+                        num_local_devices=8, num_processes=1)
+    assert topology.num_actor_threads == 4
+
+
+@pytest.mark.parametrize("overrides, field, words", [
+    # The learner batch: each trajectory is split into one equal shard per learner device.
+    (dict(envs_per_actor_thread=16, learner_device_ids=(1, 2, 3)), "envs_per_actor_thread",
+     ["16 is not divisible", "3", "15 or 18"]),
+    (dict(learner_device_ids=(0, 8)), "learner_device_ids", ["[8]", "only 8 device"]),
+    (dict(actor_device_ids=(9,)), "actor_device_ids", ["[9]"]),
+    (dict(actor_device_ids=()), "actor_device_ids", ["names no device"]),
+    (dict(learner_device_ids=(1, 1)), "learner_device_ids", ["twice"]),
+    (dict(**{"env.task": "CartPol-v1"}), "env.task", ["not an envpool task", "CartPole-v1"]),
+    (dict(**{"env.task": "Pong-v5", "env.protocol": "none"}), "env.protocol",
+     ["unknown value", "impala", "machado"]),
+    (dict(**{"env.protocol": "impala"}), "env.protocol", ["Atari tasks only"]),
+    (dict(**{"env.task": "Pendulum-v1"}), "env.task", ["continuous actions"]),
+    (dict(staleness="stale"), "staleness", ["fixed", "latest"]),
+    (dict(policy_lag=-1), "policy_lag", [">= 0"]),
+    (dict(queue_size=0), "queue_size", ["positive"]),
+    (dict(rollout_length=0), "rollout_length", ["positive"]),
+    (dict(**{"agent.name": "dqn"}), "agent.name", ["vtrace"]),
+])
+def test_bad_fields_are_named_with_a_fix(overrides, field, words):
+    with pytest.raises(ConfigError) as info:
+        validate(_cartpole(**overrides), num_local_devices=8, num_processes=1)
+    assert info.value.field == field
+    message = str(info.value)
+    assert f"config.{field}" in message and "Fix:" in message
+    for word in words:
+        assert word in message
+
+
+def test_unknown_envpool_option_is_reported():
+    with pytest.raises(ConfigError) as info:
+        validate(_cartpole(**{"env.kwargs": {"no_such_option": 3}}), num_local_devices=1,
+                 num_processes=1)
+    assert info.value.field == "env.kwargs"

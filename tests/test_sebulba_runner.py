@@ -1,0 +1,197 @@
+"""The Sebulba runner on 8 simulated CPU devices: placement, replication, staleness, learning,
+and faults.
+
+Expected values are derived from the protocol definitions (docstring of `sebulba.runner`):
+with a fixed lag l, update u's batch was produced by exactly version max(u - 1 - l, 0), so its
+lag is min(l, u - 1); with "latest" the lag is at most queue_size + 1; with lag 0 the behaviour
+policy is the learner's policy, so every importance ratio pi/mu is 1.
+"""
+
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import sebulba
+from experiments.configs import sebulba_vtrace_cartpole
+from podracer import replication
+from sebulba import envpool_env
+from sebulba.runner import ParamsStore, StallError, ThreadFailure
+
+ACTORS = (0, 1)
+LEARNERS = (2, 3, 4, 5, 6, 7)
+
+
+def _config(**overrides):
+    config = sebulba_vtrace_cartpole.get_config()
+    config.actor_device_ids = ACTORS
+    config.learner_device_ids = LEARNERS
+    config.envs_per_actor_thread = 12
+    config.rollout_length = 8
+    config.log_every_updates = 5
+    config.timeout_s = 60.0
+    for field, value in overrides.items():
+        config[field] = value
+    return config
+
+
+def _tree_equal(a, b) -> bool:
+    return all(jax.tree.leaves(jax.tree.map(lambda x, y: np.array_equal(x, y), a, b)))
+
+
+# ---------------------------------------------------------------------------------------------
+# ParamsStore
+
+
+def test_params_store_versions_stop_and_timeout():
+    devices = jax.devices()[:2]
+    store = ParamsStore(devices, keep=2)
+    stop = threading.Event()
+    store.publish(0, {"w": np.zeros(3, np.float32)})
+    store.publish(1, {"w": np.ones(3, np.float32)})
+    p = store.wait_for(0, 1, stop, timeout_s=1)
+    assert p["w"].devices() == {devices[1]} and float(p["w"].sum()) == 0.0
+    assert store.newest(0)[0] == 1
+    store.publish(2, {"w": np.full(3, 2, np.float32)})  # keep=2 drops version 0
+    with pytest.raises(RuntimeError, match="already dropped"):
+        store.wait_for(0, 0, stop, timeout_s=1)
+    start = time.monotonic()
+    with pytest.raises(StallError):
+        store.wait_for(5, 0, stop, timeout_s=0.3)
+    assert time.monotonic() - start < 2
+    threading.Timer(0.2, stop.set).start()
+    assert store.wait_for(5, 0, stop, timeout_s=30) is None  # the stop flag ends the wait
+
+
+# ---------------------------------------------------------------------------------------------
+# Placement, replication and the fixed-lag protocol (2 actor + 6 learner devices)
+
+
+@pytest.fixture(scope="module")
+def fixed_lag_run():
+    config = _config(total_env_steps=2 * 12 * 8 * 12, actor_threads_per_device=1)  # 12 updates
+    return config, sebulba.train(config)
+
+
+def test_learner_batch_shards_live_on_the_learner_devices(fixed_lag_run):
+    config, result = fixed_lag_run
+    devices = jax.devices()
+    learners = [devices[i] for i in LEARNERS]
+    assert len(result.last_batch) == len(ACTORS)  # one trajectory per actor thread
+    b = config.envs_per_actor_thread // len(LEARNERS)
+    for trajectory in result.last_batch:
+        for leaf in jax.tree.leaves(trajectory):
+            shard_devices = [s.device for s in leaf.addressable_shards]
+            assert shard_devices == learners
+            assert leaf.shape[0] == len(LEARNERS) and leaf.shape[2] == b
+        assert trajectory.timestep.observation.shape == (6, config.rollout_length + 1, b, 4)
+
+
+def test_learner_params_identical_on_every_learner_device(fixed_lag_run):
+    _, result = fixed_lag_run
+    slices = replication.local_slices(result.learner_state.params)
+    assert len(slices) == len(LEARNERS)
+    for other in slices[1:]:
+        assert _tree_equal(slices[0], other)
+    assert int(replication.unreplicate(result.learner_state.updates)) == 12
+
+
+def test_actor_params_are_the_newest_version_on_each_actor_device(fixed_lag_run):
+    _, result = fixed_lag_run
+    devices = jax.devices()
+    learner_params = jax.device_get(result.params)
+    assert len(result.actor_params) == len(ACTORS)
+    for device_index, (version, params) in zip(ACTORS, result.actor_params):
+        assert version == 12
+        for leaf in jax.tree.leaves(params):
+            assert leaf.devices() == {devices[device_index]}
+        assert _tree_equal(jax.device_get(params), learner_params)
+
+
+def test_fixed_lag_one_is_exact(fixed_lag_run):
+    _, result = fixed_lag_run
+    assert result.policy_lags == [0] + [1] * 11
+    record = result.final_metrics
+    assert record["policy_lags"] == [1] * 2  # updates 11 and 12 (log every 5, and at the end)
+    for key in ("policy_lag", "policy_lag_max", "actor_steps_per_second",
+                "learner_wait_fraction", "actor_put_wait_s", "actor_params_wait_s", "loss",
+                "steps_per_second", "env_frames"):
+        assert key in record
+    assert record["env_steps"] == 12 * 2 * 12 * 8
+    assert result.run_info["environment"]["envpool_version"] == "1.2.5"
+
+
+def test_lag_zero_is_on_policy():
+    config = _config(policy_lag=0, total_env_steps=2 * 8 * 8 * 6, actor_device_ids=(0,),
+                     learner_device_ids=(0, 1), envs_per_actor_thread=8,
+                     actor_threads_per_device=2, log_every_updates=1)
+    result = sebulba.train(config)
+    assert result.policy_lags == [0] * 6
+    # Behaviour and learner policies are the same parameters: every ratio pi/mu is 1 (up to
+    # float differences between the actor's and the learner's batch shapes).
+    for record in result.history:
+        assert record["mean_rho"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_latest_staleness_lag_is_bounded_by_the_queue():
+    queue_size = 2
+    config = _config(staleness="latest", queue_size=queue_size, actor_device_ids=(0,),
+                     learner_device_ids=(1, 2), actor_threads_per_device=2,
+                     total_env_steps=2 * 12 * 8 * 15, log_every_updates=5)
+    result = sebulba.train(config)
+    assert len(result.policy_lags) == 15
+    assert all(0 <= lag <= queue_size + 1 for lag in result.policy_lags)
+    assert max(r["policy_lag_max"] for r in result.history) == max(result.policy_lags)
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning
+
+
+def test_learns_cartpole():
+    """V-trace on envpool CartPole-v1 (1 actor + 1 learner device, 32 envs, T = 32, fixed lag
+    1): the mean episode return over the last 100K of 500K environment steps is >= 150 (a
+    uniformly random policy scores about 22)."""
+    config = sebulba_vtrace_cartpole.get_config()
+    config.actor_device_ids = (0,)
+    config.learner_device_ids = (1,)
+    config.total_env_steps = 500_000
+    config.log_every_updates = 10
+    result = sebulba.train(config)
+    steps_per_update = config.envs_per_actor_thread * config.rollout_length
+    late = [r for r in result.history if r["env_steps"] > 400_000 and r["episodes"]]
+    returns = sum(r["episode_return"] * r["episodes"] for r in late)
+    episodes = sum(r["episodes"] for r in late)
+    assert result.history[-1]["updates"] * steps_per_update >= 500_000
+    assert returns / episodes >= 150, [round(r["episode_return"]) for r in result.history]
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults
+
+
+def test_crashing_actor_thread_ends_the_run_with_its_error(monkeypatch):
+    original = envpool_env.EnvpoolEnv.step
+    calls = {"n": 0}
+
+    def flaky_step(self, action):
+        calls["n"] += 1
+        if calls["n"] == 40:
+            raise RuntimeError("boom: simulated environment failure")
+        return original(self, action)
+
+    monkeypatch.setattr(envpool_env.EnvpoolEnv, "step", flaky_step)
+    config = _config(total_env_steps=10**9, actor_device_ids=(0,), learner_device_ids=(0,),
+                     actor_threads_per_device=2)
+    before = set(threading.enumerate())
+    start = time.monotonic()
+    with pytest.raises(ThreadFailure) as info:
+        sebulba.train(config)
+    elapsed = time.monotonic() - start
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert "boom: simulated environment failure" in str(info.value)
+    assert "flaky_step" in str(info.value)  # the thread's traceback travels with the error
+    assert elapsed < 60  # compile included; without the stop flag this would run for hours
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
