@@ -2,12 +2,92 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import ml_collections
 
 import agents
 import envs_jax
 from podracer import config as cfg
 from podracer.types import DiscreteSpec
+
+# Fields added after the first configs were written, with the values a config without them
+# gets (so that configs built by hand before them keep working).
+DEFAULTS: dict[str, Any] = {
+    "checkpoint_every_updates": 0,
+    "checkpoint_keep": 3,
+    "eval_every_updates": 0,
+    "eval_episodes": 32,
+    "eval_max_steps": 1000,
+}
+
+
+def option(config: ml_collections.ConfigDict, field: str) -> Any:
+    """`config.<field>` for a field of `DEFAULTS`, or its default when the config lacks it."""
+    return config.get(field, DEFAULTS[field])
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One of the independent runs that a sweep vmaps inside one program."""
+
+    seed: int
+    hparams: dict[str, float]  # agent config field -> this run's value
+
+
+def sweep_runs(config: ml_collections.ConfigDict) -> list[Run] | None:
+    """The runs of `config.sweep`, or None when it asks for none (a plain single run).
+
+    `sweep.seeds` and every `sweep.agent.<field>` are sequences zipped together: run i has
+    seed `seeds[i]` (or `config.seed` when `seeds` is empty) and `agent.<field> = values[i]`.
+    """
+    sweep = config.get("sweep")
+    if sweep is None:
+        return None
+    seeds = list(sweep.get("seeds", ()) or ())
+    hparams = dict(sweep.get("agent", {}) or {})
+    if not seeds and not hparams:
+        return None
+    lengths = {len(seeds)} if seeds else set()
+    lengths |= {len(v) for v in hparams.values()}
+    num_runs = max(lengths)
+    if not seeds:
+        seeds = [config.seed] * num_runs
+    return [Run(seed=int(seeds[i]), hparams={k: float(v[i]) for k, v in hparams.items()})
+            for i in range(num_runs)]
+
+
+def _validate_sweep(config: ml_collections.ConfigDict, sweepable: tuple[str, ...],
+                    agent_name: str) -> None:
+    sweep = config.get("sweep")
+    if sweep is None:
+        return
+    seeds = sweep.get("seeds", ()) or ()
+    if not isinstance(seeds, (tuple, list)) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise cfg.ConfigError("sweep.seeds", f"must be a sequence of seeds >= 0, got {seeds!r}",
+                              "set e.g. --config.sweep.seeds='(0, 1, 2, 3)'")
+    lengths = {"sweep.seeds": len(seeds)} if seeds else {}
+    for field, values in (sweep.get("agent", {}) or {}).items():
+        name = f"sweep.agent.{field}"
+        if field not in sweepable:
+            raise cfg.ConfigError(
+                name, f"the {agent_name!r} agent cannot sweep {field!r}",
+                f"sweep one of {list(sweepable)}" if sweepable
+                else "sweep seeds only (this agent keeps no hyperparameters in its state)")
+        if not isinstance(values, (tuple, list)) or not values or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise cfg.ConfigError(name, f"must be a non-empty sequence of numbers, got "
+                                  f"{values!r}", f"set e.g. {name} = (1e-3, 3e-4)")
+        if field == "learning_rate" and min(values) <= 0:
+            raise cfg.ConfigError(name, f"learning rates must be > 0, got {values!r}",
+                                  "use positive values")
+        lengths[name] = len(values)
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{k} has {n}" for k, n in lengths.items())
+        raise cfg.ConfigError(next(iter(lengths)), f"sweep sequences differ in length ({listed})",
+                              "give every swept field one value per run (they are zipped)")
 
 
 def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> int:
@@ -17,6 +97,14 @@ def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> i
     cfg.require_positive(config, "num_envs", "rollout_length", "updates_per_chunk",
                          "total_env_steps", "agent.learning_rate")
     cfg.require_non_negative(config, "num_devices", "env.max_episode_steps", "seed")
+    for field in DEFAULTS:
+        value = option(config, field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise cfg.ConfigError(field, f"must be a whole number >= 0, got {value!r}",
+                                  f"set --config.{field} to an integer >= 0")
+    for field in ("checkpoint_keep", "eval_episodes", "eval_max_steps"):
+        if option(config, field) == 0:
+            raise cfg.ConfigError(field, "must be >= 1, got 0", f"set --config.{field} >= 1")
     num_devices = config.num_devices or num_available_devices
     if num_devices > num_available_devices:
         raise cfg.ConfigError(
@@ -29,4 +117,11 @@ def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> i
     if not isinstance(env.action_spec(), DiscreteSpec):
         raise cfg.ConfigError("env.name", f"{config.env.name!r} has continuous actions",
                               "choose an environment with discrete actions for this agent")
+    sweep = config.get("sweep")
+    if sweep is not None:
+        sweepable: tuple[str, ...] = ()
+        if sweep.get("agent"):
+            agent = agents.make(config.agent, env.spec())
+            sweepable = agent.sweepable if agent.set_hparams is not None else ()
+        _validate_sweep(config, sweepable, config.agent.name)
     return num_devices

@@ -11,13 +11,24 @@ Per device, inside one compiled call:
     return state, metrics reduced over the chunk
 
 The per-device program is replicated over every device (of every process) by
-`podracer.replication.replicate`. A thin host loop calls the compiled chunk repeatedly and
-logs between calls; compile time is measured separately from run time.
+`podracer.replication.replicate`. A thin host loop calls the compiled chunk repeatedly and,
+between calls, logs (metrics.jsonl, TensorBoard, progress), evaluates the greedy policy on
+separate environments, and checkpoints; compile time is measured separately from run time.
+
+Sweeps: `config.sweep` lists R independent runs (seeds, and scalar agent hyperparameters that
+the agent keeps in its learner state). The per-device programs are then `vmap`ped over a run
+axis, so all R runs advance inside the same compiled call, each logged in `<workdir>/run_<i>`.
+
+Checkpoints (with a workdir): the whole stacked `RunnerState` (parameters, optimiser state,
+environment states, RNG keys) plus the host's counters, every `checkpoint_every_updates`, at
+the end and on SIGTERM, in `<workdir>/checkpoints`. Starting again with the same workdir
+resumes from the newest good one; the resumed run ends bit-identical to an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,11 +41,14 @@ import numpy as np
 
 import agents
 import envs_jax
-from anakin.config import validate
+from anakin.config import Run, option, sweep_runs, validate
+from podracer import metrics as metrics_lib
 from podracer import replication
 from podracer.agent import Agent
+from podracer.checkpoint import Checkpointer, Preemption
+from podracer.config import ConfigError
 from podracer.metrics import MetricsWriter
-from podracer.types import DEVICE_AXIS, Metrics, Trajectory
+from podracer.types import DEVICE_AXIS, Metrics, Params, PRNGKey, Trajectory
 
 
 @chex.dataclass(frozen=True)
@@ -132,13 +146,64 @@ def make_programs(agent: Agent, env: envs_jax.Environment, *, envs_per_device: i
     return init, chunk
 
 
+def make_evaluator(agent: Agent, env: envs_jax.Environment, *, num_episodes: int,
+                   max_steps: int) -> Callable[[Params, PRNGKey], Metrics]:
+    """`evaluate(params, key)` -> greedy returns over `num_episodes` fresh environments.
+
+    Each environment plays one episode with `actor_step(..., evaluation=True)`; the loop stops
+    when all have ended or after `max_steps` steps (an unfinished episode counts with its
+    return so far). Returns `eval_return` (mean), `eval_return_std` and `eval_finished` (the
+    fraction of episodes that ended).
+    """
+
+    def evaluate(params: Params, key: PRNGKey) -> Metrics:
+        reset_key, act_key = jax.random.split(key)
+        env_state, timestep = jax.vmap(env.reset)(jax.random.split(reset_key, num_episodes))
+        actor_state = agent.init_actor_state(num_episodes)
+        returns = jnp.zeros(timestep.reward.shape, jnp.float32)
+        done = jnp.zeros((num_episodes,), bool)
+
+        def cond(carry):
+            t, *_, done = carry
+            return (t < max_steps) & ~jnp.all(done)
+
+        def body(carry):
+            t, key, actor_state, env_state, timestep, returns, done = carry
+            key, step_key = jax.random.split(key)
+            action, actor_state, _ = agent.actor_step(params, actor_state, timestep, step_key,
+                                                      evaluation=True)
+            env_state, timestep = jax.vmap(env.step)(env_state, action)
+            # Rewards after an environment's first LAST belong to its next episode.
+            live = jnp.reshape(~done, (-1,) + (1,) * (returns.ndim - 1))
+            returns = returns + jnp.where(live, timestep.reward.astype(jnp.float32), 0.0)
+            done = done | timestep.last()
+            return t + 1, key, actor_state, env_state, timestep, returns, done
+
+        carry = (jnp.zeros((), jnp.int32), act_key, actor_state, env_state, timestep, returns,
+                 done)
+        *_, returns, done = jax.lax.while_loop(cond, body, carry)
+        return {"eval_return": jnp.mean(returns), "eval_return_std": jnp.std(returns),
+                "eval_finished": jnp.mean(done.astype(jnp.float32))}
+
+    return evaluate
+
+
 @dataclasses.dataclass
 class TrainResult:
+    """What `train` returns. For a sweep, the state's leaves are `[devices, runs, ...]`,
+    `params` is `[runs, ...]`, and `history` averages the runs (each run's own records are in
+    `run_histories`)."""
+
     state: RunnerState  # stacked over devices
     final_metrics: dict[str, float]  # the last log record
-    history: list[dict[str, float]]  # every log record
+    history: list[dict[str, float]]  # every log record (a resumed run: earlier ones included)
     compile_seconds: float
     run_seconds: float
+    run_histories: list[list[dict[str, float]]] = dataclasses.field(default_factory=list)
+    interrupted: bool = False  # stopped by SIGTERM after saving a checkpoint
+    resumed_from_updates: int | None = None  # the checkpoint this run started from
+    checkpoint_seconds: float = 0.0  # time spent writing checkpoints
+    eval_seconds: float = 0.0  # time spent evaluating (compilation included)
 
     @property
     def params(self) -> Any:
@@ -146,13 +211,115 @@ class TrainResult:
         return replication.unreplicate(self.state.learner_state.params)
 
 
+# Fields that may change between an interrupted run and its resumption: they change how long
+# it runs and what it logs, not the state it carries.
+RESUMABLE_CHANGES = ("total_env_steps", "checkpoint_every_updates", "checkpoint_keep",
+                     "eval_every_updates", "eval_episodes", "eval_max_steps")
+_EVAL_STREAM = 0x5EED  # folded into a run's seed for its evaluation keys, apart from training's
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _check_resumable(config_dict: dict[str, Any], metadata: dict[str, Any], num_devices: int,
+                     directory: str) -> None:
+    if metadata.get("num_devices") != num_devices:
+        raise ConfigError(
+            "num_devices",
+            f"the run uses {num_devices} device(s) but the checkpoint in {directory} was made on "
+            f"{metadata.get('num_devices')}",
+            "resume on the same number of devices (a run is a function of the device count), "
+            "or use a new --workdir")
+    saved, current = _flatten(metadata.get("config", {})), _flatten(config_dict)
+    for field in sorted(set(saved) | set(current)):
+        if field in RESUMABLE_CHANGES or saved.get(field) == current.get(field):
+            continue
+        raise ConfigError(
+            field,
+            f"is {current.get(field)!r} but the checkpoint in {directory} was made with "
+            f"{saved.get(field)!r}",
+            "rerun with the checkpoint's value to resume it, or use a new --workdir")
+
+
+def _run_config(config: ml_collections.ConfigDict, run: Run) -> dict[str, Any]:
+    """One sweep run's resolved config: its seed and hyperparameters, no sweep."""
+    plain = metrics_lib.config_to_dict(config)
+    plain["seed"] = run.seed
+    plain["agent"].update(run.hparams)
+    plain["sweep"] = {"seeds": [], "agent": {}}
+    return plain
+
+
+def _initial_keys(seeds: list[int], num_devices: int, sweep: bool) -> tuple[np.ndarray, ...]:
+    """Per-device environment and parameter keys, `[D, 2]` (or `[D, R, 2]` for a sweep).
+
+    A sweep's run r gets exactly the keys a single run with seed `seeds[r]` gets."""
+    env_keys, params_keys = [], []
+    for seed in seeds:
+        env_key, params_key = jax.random.split(jax.random.PRNGKey(seed))
+        env_keys.append(np.asarray(jax.random.split(env_key, num_devices)))
+        params_keys.append(np.broadcast_to(np.asarray(params_key), (num_devices, 2)))
+    if not sweep:
+        return env_keys[0], params_keys[0]
+    return np.stack(env_keys, axis=1), np.stack(params_keys, axis=1)
+
+
+def _record(metrics: dict[str, Any], *, chunk: int, steps_per_chunk: int,
+            updates_per_chunk: int, seconds: float, wall_time: float) -> dict[str, Any]:
+    metrics = dict(metrics)
+    episodes = float(metrics.pop("episodes"))
+    return_sum = float(metrics.pop("episode_return_sum"))
+    length_sum = float(metrics.pop("episode_length_sum"))
+    return {
+        "env_steps": (chunk + 1) * steps_per_chunk,
+        "updates": (chunk + 1) * updates_per_chunk,
+        "episode_return": return_sum / episodes if episodes else float("nan"),
+        "episode_length": length_sum / episodes if episodes else float("nan"),
+        "episodes": int(episodes),
+        "steps_per_second": steps_per_chunk / seconds,
+        "wall_time": wall_time,
+        **{k: float(v) for k, v in metrics.items()},
+    }
+
+
+def _mean_record(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs' records averaged (counters kept; the sweep's throughput summed)."""
+    mean = dict(records[0])
+    for key, value in records[0].items():
+        if isinstance(value, float):
+            mean[key] = float(np.mean([r[key] for r in records]))
+    mean["steps_per_second"] = float(sum(r["steps_per_second"] for r in records))
+    return mean
+
+
+def _crossed(updates: int, step: int, every: int) -> bool:
+    """Whether the updates `(updates - step, updates]` include a multiple of `every`."""
+    return every > 0 and updates // every > (updates - step) // every
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
           log_fn: Callable[[dict], None] | None = None) -> TrainResult:
     """Runs an Anakin experiment to `config.total_env_steps` and returns its final state.
 
-    Writes `<workdir>/metrics.jsonl` and prints one progress line per chunk (process 0 only).
+    Without a workdir it only prints progress. With one (process 0 writes): metrics.jsonl and
+    TensorBoard event files (per run, in `run_<i>/`, for a sweep), config.json/config.yaml,
+    and checkpoints in `<workdir>/checkpoints`, from which a later call with the same workdir
+    resumes. SIGTERM stops the run after the chunk in flight, with a checkpoint saved, and
+    returns a result with `interrupted=True`. `log_fn` gets every record (a sweep's carry
+    their `run` index).
     """
     num_devices = validate(config, jax.device_count())
+    runs = sweep_runs(config)
+    sweep = runs is not None
+    runs = runs or [Run(seed=config.seed, hparams={})]
+    num_runs = len(runs)
     mesh = replication.make_mesh(jax.devices()[:num_devices])
     env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
     env = envs_jax.wrap_for_training(env, config.env.max_episode_steps or None)
@@ -166,58 +333,181 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     )
 
     # Every process derives the same global keys and places its own devices' slices.
-    env_key, params_key = jax.random.split(jax.random.PRNGKey(config.seed))
-    env_keys = replication.from_global(np.asarray(jax.random.split(env_key, num_devices)), mesh)
-    params_keys = replication.from_global(
-        np.broadcast_to(np.asarray(params_key), (num_devices, 2)), mesh
-    )
+    env_keys, params_keys = _initial_keys([r.seed for r in runs], num_devices, sweep)
+    init_args = [replication.from_global(env_keys, mesh),
+                 replication.from_global(params_keys, mesh)]
+    if sweep:
+        hparams = {k: np.broadcast_to(np.asarray([r.hparams[k] for r in runs], np.float32),
+                                      (num_devices, num_runs))
+                   for k in runs[0].hparams}
+        init_args.append(replication.from_global(hparams, mesh))
+
+        def run_init(env_key, params_key, hparams):
+            state = init(env_key, params_key)
+            if hparams:
+                state = state.replace(
+                    learner_state=agent.set_hparams(state.learner_state, hparams))
+            return state
+
+        init, chunk = jax.vmap(run_init), jax.vmap(chunk)
 
     start = time.perf_counter()
     init_fn = replication.replicate(init, mesh)
-    state = init_fn(env_keys, params_keys)
+    state = init_fn(*init_args)
     chunk_fn = replication.replicate(chunk, mesh, donate_argnums=0).lower(state).compile()
     compile_seconds = time.perf_counter() - start
 
     steps_per_chunk = config.updates_per_chunk * config.rollout_length * config.num_envs
     num_chunks = -(-config.total_env_steps // steps_per_chunk)
-    writer = MetricsWriter(workdir, enabled=jax.process_index() == 0)
     is_main = jax.process_index() == 0
-    if is_main:
-        print(f"Anakin: {config.agent.name} on {config.env.name}, {num_devices} device(s) "
-              f"({jax.devices()[0].platform}), {config.num_envs} envs, T={config.rollout_length}, "
-              f"{config.updates_per_chunk} updates/chunk, {num_chunks} chunks; "
-              f"compiled in {compile_seconds:.1f}s", flush=True)
+    config_dict = metrics_lib.config_to_dict(config)
+    run_dirs: list[str | None] = [None] * num_runs
+    if workdir is not None:
+        run_dirs = ([os.path.join(workdir, f"run_{i}") for i in range(num_runs)] if sweep
+                    else [workdir])
 
-    history = []
-    run_start = last_time = time.perf_counter()
-    for i in range(num_chunks):
-        state, metrics = chunk_fn(state)
-        metrics = jax.device_get(replication.unreplicate(metrics))
-        now = time.perf_counter()
-        episodes = float(metrics.pop("episodes"))
-        return_sum = float(metrics.pop("episode_return_sum"))
-        length_sum = float(metrics.pop("episode_length_sum"))
-        record = {
-            "env_steps": (i + 1) * steps_per_chunk,
-            "updates": (i + 1) * config.updates_per_chunk,
-            "episode_return": return_sum / episodes if episodes else float("nan"),
-            "episode_length": length_sum / episodes if episodes else float("nan"),
-            "episodes": int(episodes),
-            "steps_per_second": steps_per_chunk / (now - last_time),
-            "wall_time": now - run_start + compile_seconds,
-            **{k: float(v) for k, v in metrics.items()},
-        }
-        last_time = now
-        history.append(record)
-        writer.write(record)
-        if log_fn is not None:
-            log_fn(record)
+    # RESUME from the newest good checkpoint, if there is one.
+    checkpointer = None
+    done_chunks, wall_offset, resumed_from = 0, 0.0, None
+    if workdir is not None:
+        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
+                                    max_to_keep=option(config, "checkpoint_keep"))
+        restored = checkpointer.restore_latest(state)
+        if restored is not None:
+            _check_resumable(config_dict, restored.metadata, num_devices,
+                             checkpointer.directory)
+            state = restored.state
+            done_chunks = int(restored.metadata["chunks"])
+            wall_offset = float(restored.metadata["wall_time"])
+            resumed_from = done_chunks * config.updates_per_chunk
+
+    histories: list[list[dict[str, Any]]] = [[] for _ in runs]
+    writers: list[MetricsWriter] = []
+    progress = None
+    if is_main and workdir is not None:
+        metrics_lib.save_config(config_dict, workdir)
+        for i, run_dir in enumerate(run_dirs):
+            if sweep:
+                metrics_lib.save_config(_run_config(config, runs[i]), run_dir)
+            if resumed_from is not None:
+                histories[i] = metrics_lib.rewind_records(run_dir, updates=resumed_from)
+    total_steps = num_chunks * steps_per_chunk
+    resume_steps = done_chunks * steps_per_chunk if resumed_from is not None else None
+    for run_dir in run_dirs:
+        writers.append(MetricsWriter(run_dir, enabled=is_main, progress=not sweep,
+                                     total_env_steps=total_steps,
+                                     resume_env_steps=resume_steps))
+    if sweep and is_main:
+        progress = metrics_lib.Progress(total_steps, start_env_steps=resume_steps or 0)
+    if is_main:
+        what = f"a sweep of {num_runs} runs" if sweep else f"seed {config.seed}"
+        print(f"Anakin: {config.agent.name} on {config.env.name}, {what}, {num_devices} "
+              f"device(s) ({jax.devices()[0].platform}), {config.num_envs} envs, "
+              f"T={config.rollout_length}, {config.updates_per_chunk} updates/chunk, "
+              f"{num_chunks} chunks; compiled in {compile_seconds:.1f}s", flush=True)
+        if resumed_from is not None:
+            print(f"Resuming from the checkpoint at update {resumed_from:,} "
+                  f"({done_chunks} of {num_chunks} chunks done) in {checkpointer.directory}",
+                  flush=True)
+
+    evaluator = None
+    eval_every = option(config, "eval_every_updates")
+    checkpoint_every = option(config, "checkpoint_every_updates")
+
+    def evaluate(state: RunnerState, updates: int) -> list[dict[str, float]]:
+        nonlocal evaluator
+        if evaluator is None:
+            fn = make_evaluator(agent, env, num_episodes=option(config, "eval_episodes"),
+                                max_steps=option(config, "eval_max_steps"))
+            evaluator = jax.jit(jax.vmap(fn) if sweep else fn)
+        keys = np.stack([
+            np.asarray(jax.random.fold_in(
+                jax.random.fold_in(jax.random.PRNGKey(r.seed), _EVAL_STREAM), updates))
+            for r in runs])
+        params = replication.unreplicate(agent.actor_params(state.learner_state))
+        out = jax.device_get(evaluator(params, keys if sweep else keys[0]))
+        return [{k: float(np.asarray(v)[i] if sweep else v) for k, v in out.items()}
+                for i in range(num_runs)]
+
+    def save(state: RunnerState, chunks: int, wall_time: float) -> float:
+        started = time.perf_counter()
+        checkpointer.save(chunks * config.updates_per_chunk, state, {
+            "chunks": chunks,
+            "updates": chunks * config.updates_per_chunk,
+            "env_steps": chunks * steps_per_chunk,
+            "wall_time": wall_time,
+            "num_devices": num_devices,
+            "num_runs": num_runs,
+            "seeds": [r.seed for r in runs],
+            "config": config_dict,
+        })
+        return time.perf_counter() - started
+
+    interrupted = False
+    checkpoint_seconds = eval_seconds = 0.0
+    saved_chunks = done_chunks if resumed_from is not None else None
+    run_start = time.perf_counter()
+    with Preemption() as preemption:
+        for i in range(done_chunks, num_chunks):
+            chunk_start = time.perf_counter()
+            state, metrics = chunk_fn(state)
+            metrics = jax.device_get(replication.unreplicate(metrics))
+            now = time.perf_counter()
+            wall_time = now - run_start + compile_seconds + wall_offset
+            records = [
+                _record(jax.tree.map(lambda x, r=r: x[r] if sweep else x, metrics), chunk=i,
+                        steps_per_chunk=steps_per_chunk,
+                        updates_per_chunk=config.updates_per_chunk,
+                        seconds=now - chunk_start, wall_time=wall_time)
+                for r in range(num_runs)
+            ]
+            updates = (i + 1) * config.updates_per_chunk
+            if _crossed(updates, config.updates_per_chunk, eval_every):
+                eval_start = time.perf_counter()
+                for record, result in zip(records, evaluate(state, updates)):
+                    record.update(result)
+                eval_seconds += time.perf_counter() - eval_start
+            for r, (record, writer) in enumerate(zip(records, writers)):
+                histories[r].append(record)
+                writer.write(record)
+                if log_fn is not None:
+                    log_fn({**record, "run": r} if sweep else record)
+            if progress is not None:
+                progress.update(_mean_record(records))
+            stop = preemption.requested()
+            last = i + 1 == num_chunks
+            if checkpointer is not None and (
+                    stop or last or _crossed(updates, config.updates_per_chunk,
+                                             checkpoint_every)):
+                checkpoint_seconds += save(state, i + 1, wall_time)
+                saved_chunks = i + 1
+            if stop:
+                interrupted = True
+                break
     run_seconds = time.perf_counter() - run_start
-    writer.close()
+    for writer in writers:
+        writer.close()
+    if progress is not None:
+        progress.close()
+    if checkpointer is not None:
+        checkpointer.close()
+    history = ([_mean_record(list(rs)) for rs in zip(*histories)] if sweep
+               else histories[0])
     final = history[-1] if history else {}
     if is_main:
-        print(f"Done: {final.get('env_steps', 0):,} env steps in {run_seconds:.1f}s "
-              f"(+{compile_seconds:.1f}s compile); final mean episode return "
-              f"{final.get('episode_return', float('nan')):.3f}", flush=True)
+        if interrupted:
+            where = ("no --workdir, so no checkpoint" if checkpointer is None else
+                     f"checkpoint saved at update {saved_chunks * config.updates_per_chunk:,} "
+                     f"in {checkpointer.directory}; rerun the same command to resume")
+            print(f"Stopped by signal {preemption.received} after "
+                  f"{final.get('env_steps', 0):,} env steps: {where}.", flush=True)
+        else:
+            print(f"Done: {final.get('env_steps', 0):,} env steps in {run_seconds:.1f}s "
+                  f"(+{compile_seconds:.1f}s compile, {checkpoint_seconds:.1f}s checkpoints, "
+                  f"{eval_seconds:.1f}s evaluation); final mean episode return "
+                  f"{final.get('episode_return', float('nan')):.3f}", flush=True)
     return TrainResult(state=state, final_metrics=final, history=history,
-                       compile_seconds=compile_seconds, run_seconds=run_seconds)
+                       compile_seconds=compile_seconds, run_seconds=run_seconds,
+                       run_histories=histories, interrupted=interrupted,
+                       resumed_from_updates=resumed_from, checkpoint_seconds=checkpoint_seconds,
+                       eval_seconds=eval_seconds)

@@ -2,7 +2,14 @@
 
     python -m experiments.anakin --config=experiments/configs/vtrace_catch.py \
         --config.seed=3 --workdir=/tmp/run
+
+With a --workdir, running the same command again resumes from the newest checkpoint there.
+SIGTERM (pre-emption) saves a checkpoint and exits with status 143 (128 + SIGTERM), so that a
+supervisor sees the run as unfinished and starts it again.
 """
+
+import signal
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -11,14 +18,19 @@ import anakin
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics.jsonl (and more) are written.")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None,
+    "Where metrics.jsonl, TensorBoard events, config.json and checkpoints are written; "
+    "a workdir holding checkpoints is resumed.")
 flags.mark_flags_as_required(["config"])
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    anakin.train(_CONFIG.value, _WORKDIR.value)
+    result = anakin.train(_CONFIG.value, _WORKDIR.value)
+    if result.interrupted:
+        sys.exit(128 + signal.SIGTERM)
 
 
 if __name__ == "__main__":

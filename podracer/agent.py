@@ -61,11 +61,29 @@ class ActorParamsFn(Protocol):
     def __call__(self, learner_state: LearnerState) -> Params: ...
 
 
+class SetHparamsFn(Protocol):
+    def __call__(self, learner_state: LearnerState, hparams: dict[str, Array]) -> LearnerState:
+        """Returns `learner_state` with the named scalar hyperparameters (agent config field
+        names) replaced by `hparams`' values.
+
+        The values may be traced, which is how a runner `vmap`s one compiled program over
+        runs with different hyperparameters: an agent that supports this keeps those
+        hyperparameters in its learner state (e.g. with `optax.inject_hyperparams`) rather
+        than baking them into its functions as constants.
+        """
+
+
 class Agent(NamedTuple):
-    """The three pure functions of ARCHITECTURE.md plus two small accessors."""
+    """The three pure functions of ARCHITECTURE.md plus small accessors.
+
+    `set_hparams` and `sweepable` are optional: an agent without them can still be swept over
+    seeds, but not over hyperparameters.
+    """
 
     init: InitFn
     actor_step: ActorStepFn
     learner_step: LearnerStepFn
     init_actor_state: InitActorStateFn
     actor_params: ActorParamsFn
+    set_hparams: SetHparamsFn | None = None
+    sweepable: tuple[str, ...] = ()  # the agent config fields `set_hparams` accepts

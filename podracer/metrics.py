@@ -1,6 +1,7 @@
-"""Metrics on the host: `<workdir>/metrics.jsonl` (one JSON object per log step) and a
-compact progress line. Values arrive already reduced inside the compiled program, once per
-chunk; nothing here touches devices.
+"""Metrics on the host: `<workdir>/metrics.jsonl` (one JSON object per log step), TensorBoard
+event files beside it, the resolved config as `config.json`/`config.yaml`, and console
+progress (a bar with rate and ETA on a terminal, plain lines otherwise). Values arrive already
+reduced inside the compiled program, once per chunk; nothing here touches devices.
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ import json
 import math
 import os
 import sys
+import time
 from typing import Any, TextIO
 
+import ml_collections
 import numpy as np
+from absl import logging
 
 
 def _plain(value: Any) -> Any:
@@ -23,21 +27,42 @@ def _plain(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """Appends one JSON line per `write` and prints a progress line.
+    """Appends one JSON line per `write`, logs its numbers to TensorBoard and shows progress.
 
     Only process 0 of a multi-process run should write (pass `enabled=False` elsewhere).
+
+    Args:
+      workdir: where `metrics.jsonl` and the TensorBoard event files go; None for neither.
+      enabled: False makes every method a no-op.
+      stream: where progress goes (default stdout).
+      tensorboard: also write TensorBoard event files into `workdir`.
+      progress: show progress on `stream` (see `Progress`).
+      total_env_steps: the run's length, for the progress bar's percentage and ETA.
+      resume_env_steps: a resumed run's starting point: TensorBoard hides events logged
+        after it by the interrupted run, which the resumed one logs again.
     """
 
     PROGRESS_KEYS = ("env_steps", "updates", "episode_return", "steps_per_second")
 
-    def __init__(self, workdir: str | None, *, enabled: bool = True, stream: TextIO | None = None):
+    def __init__(self, workdir: str | None, *, enabled: bool = True, stream: TextIO | None = None,
+                 tensorboard: bool = True, progress: bool = True,
+                 total_env_steps: int | None = None, resume_env_steps: int | None = None):
         self.enabled = enabled
         self.stream = stream if stream is not None else sys.stdout
         self._file = None
-        if enabled and workdir:
+        self._tensorboard = None
+        self._progress = None
+        if not enabled:
+            return
+        if progress:
+            self._progress = Progress(total_env_steps, self.stream,
+                                      start_env_steps=resume_env_steps or 0)
+        if workdir:
             os.makedirs(workdir, exist_ok=True)
             self.path = os.path.join(workdir, "metrics.jsonl")
             self._file = open(self.path, "a", buffering=1)
+            if tensorboard:
+                self._tensorboard = _tensorboard_writer(workdir, resume_env_steps)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -45,12 +70,26 @@ class MetricsWriter:
         record = {k: _plain(v) for k, v in record.items()}
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
-        print(format_progress(record), file=self.stream, flush=True)
+        if self._tensorboard is not None:
+            step = record.get("env_steps", record.get("updates", 0))
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                        key != "env_steps":
+                    self._tensorboard.add_scalar(key, value, global_step=step)
+            self._tensorboard.flush()
+        if self._progress is not None:
+            self._progress.update(record)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
 
     def __enter__(self) -> "MetricsWriter":
         return self
@@ -74,3 +113,143 @@ def format_progress(record: dict[str, Any]) -> str:
     keys = [k for k in MetricsWriter.PROGRESS_KEYS if k in record]
     keys += [k for k in ("loss", "entropy", "policy_lag") if k in record]
     return "  ".join(fmt(k, record[k]) for k in keys)
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _format_count(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.3g}"
+
+
+class Progress:
+    """Console progress, one update per log record.
+
+    On a terminal: one line redrawn in place, a bar with the percentage, environment steps,
+    rate and ETA. Elsewhere (a log file, a notebook, CI): one plain `format_progress` line per
+    record, with the ETA appended, so logs stay greppable.
+    """
+
+    BAR_WIDTH = 24
+
+    def __init__(self, total_env_steps: int | None, stream: TextIO | None = None, *,
+                 tty: bool | None = None, start_env_steps: int = 0):
+        self.total = total_env_steps
+        self.stream = stream if stream is not None else sys.stdout
+        if tty is None:
+            isatty = getattr(self.stream, "isatty", None)
+            tty = bool(isatty and isatty())
+        self.tty = tty
+        self._start_steps = start_env_steps
+        self._start_time = time.monotonic()
+        self._drawn = False
+
+    def eta_seconds(self, env_steps: int) -> float | None:
+        """Remaining time at the mean rate since this object was made (None if unknown)."""
+        done = env_steps - self._start_steps
+        elapsed = time.monotonic() - self._start_time
+        if not self.total or done <= 0 or elapsed <= 0:
+            return None
+        return max(self.total - env_steps, 0) * elapsed / done
+
+    def update(self, record: dict[str, Any]) -> None:
+        steps = record.get("env_steps")
+        eta = self.eta_seconds(steps) if isinstance(steps, (int, float)) else None
+        if not self.tty:
+            line = format_progress(record)
+            if eta is not None:
+                line += f"  eta={_format_duration(eta)}"
+            print(line, file=self.stream, flush=True)
+            return
+        parts = []
+        if self.total and steps is not None:
+            fraction = min(max(steps / self.total, 0.0), 1.0)
+            filled = int(fraction * self.BAR_WIDTH)
+            parts.append(f"[{'#' * filled}{'.' * (self.BAR_WIDTH - filled)}] {fraction:4.0%}")
+            parts.append(f"{_format_count(steps)}/{_format_count(self.total)} steps")
+        elif steps is not None:
+            parts.append(f"{_format_count(steps)} steps")
+        if isinstance(record.get("steps_per_second"), (int, float)):
+            parts.append(f"{_format_count(record['steps_per_second'])} steps/s")
+        if eta is not None:
+            parts.append(f"ETA {_format_duration(eta)}")
+        for key in ("episode_return", "eval_return"):
+            if isinstance(record.get(key), float):
+                parts.append(f"{key.split('_')[0]} {record[key]:.3g}")
+        # \r returns to the line start and ESC[K clears what a longer previous line left.
+        self.stream.write("\r" + "  ".join(parts) + "\x1b[K")
+        self.stream.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        if self.tty and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
+
+
+def _tensorboard_writer(logdir: str, resume_env_steps: int | None) -> Any:
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        logging.warning("tensorboardX is not installed: no TensorBoard event files in %s.",
+                        logdir)
+        return None
+    # purge_step makes TensorBoard hide what an interrupted run logged after its checkpoint.
+    purge = resume_env_steps + 1 if resume_env_steps is not None else None
+    return SummaryWriter(logdir=logdir, purge_step=purge, flush_secs=30)
+
+
+def read_records(workdir: str) -> list[dict[str, Any]]:
+    """The records of `<workdir>/metrics.jsonl` (a cut-off last line, from a killed process, is
+    skipped)."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    records = []
+    with open(path) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return records
+
+
+def rewind_records(workdir: str, *, updates: int) -> list[dict[str, Any]]:
+    """Drops the records past `updates` from `<workdir>/metrics.jsonl` (what an interrupted
+    run logged after its last checkpoint, which the resumed run logs again) and returns the
+    rest. The file is replaced atomically."""
+    kept = [r for r in read_records(workdir) if r.get("updates", 0) <= updates]
+    path = os.path.join(workdir, "metrics.jsonl")
+    if os.path.exists(path):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(tmp, path)
+    return kept
+
+
+def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The resolved config as plain JSON values (tuples become lists, references resolve)."""
+    return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def save_config(config: ml_collections.ConfigDict | dict[str, Any], workdir: str) -> None:
+    """Writes the resolved config as `<workdir>/config.json` and `<workdir>/config.yaml`."""
+    import yaml
+
+    plain = config if isinstance(config, dict) else config_to_dict(config)
+    os.makedirs(workdir, exist_ok=True)
+    for name, text in (("config.json", json.dumps(plain, indent=2, sort_keys=True) + "\n"),
+                       ("config.yaml", yaml.safe_dump(plain, sort_keys=True))):
+        path = os.path.join(workdir, name)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)

@@ -1,6 +1,13 @@
 """IMPALA actor-critic with V-trace off-policy corrections (Espeholt et al., 2018)."""
 
-from agents.vtrace.agent import LearnerState, default_config, make_agent, make_optimizer
+from agents.vtrace.agent import (
+    SWEEPABLE,
+    LearnerState,
+    default_config,
+    make_agent,
+    make_optimizer,
+    set_hparams,
+)
 from agents.vtrace.losses import LossOutput, vtrace_loss
 from agents.vtrace.networks import (
     ActorCritic,
@@ -11,6 +18,7 @@ from agents.vtrace.networks import (
 )
 
 __all__ = [
+    "SWEEPABLE",
     "ActorCritic",
     "ConvTorso",
     "LearnerState",
@@ -21,5 +29,6 @@ __all__ = [
     "make_agent",
     "make_network",
     "make_optimizer",
+    "set_hparams",
     "vtrace_loss",
 ]

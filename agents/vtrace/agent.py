@@ -13,12 +13,22 @@ from agents.vtrace.networks import make_network
 from podracer.agent import Agent
 from podracer.types import Array, EnvSpec, Metrics, Params, PRNGKey, TimeStep, Trajectory
 
+# Scalar hyperparameters that live in the learner state as arrays, so that one compiled program
+# can run several values side by side (`jax.vmap` over runs; see `set_hparams`). The
+# optimiser's are injected into its state by `optax.inject_hyperparams`; the loss's are in
+# `LearnerState.hparams`.
+OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
+LOSS_HPARAMS = ("discount", "lambda_", "clip_rho_threshold", "clip_pg_rho_threshold",
+                "baseline_cost", "entropy_cost")
+SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
+
 
 @chex.dataclass(frozen=True)
 class LearnerState:
     params: Params
-    opt_state: optax.OptState
+    opt_state: optax.OptState  # an `optax.InjectHyperparamsState`: the optimiser's hparams
     updates: Array  # [] int32, learner updates applied so far
+    hparams: dict[str, Array]  # {name: [] float32} the loss's hyperparameters, LOSS_HPARAMS
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -39,11 +49,35 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def _clipped_adam(learning_rate: float, adam_eps: float,
+                  max_grad_norm: float) -> optax.GradientTransformation:
     return optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm),
-        optax.adam(config.learning_rate, eps=config.adam_eps),
+        optax.clip_by_global_norm(max_grad_norm),
+        optax.adam(learning_rate, eps=adam_eps),
     )
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """Global-norm clipping then Adam, with its hyperparameters held in the optimiser state."""
+    return optax.inject_hyperparams(_clipped_adam)(
+        **{name: float(config[name]) for name in OPTIMIZER_HPARAMS}
+    )
+
+
+def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> LearnerState:
+    """`learner_state` with the named hyperparameters (fields of `default_config()` listed in
+    `SWEEPABLE`) replaced by `hparams`' values, which may be traced scalars."""
+    unknown = sorted(set(hparams) - set(SWEEPABLE))
+    if unknown:
+        raise KeyError(f"V-trace cannot set {unknown}; settable: {list(SWEEPABLE)}.")
+    as_scalar = {k: jnp.asarray(v, jnp.float32) for k, v in hparams.items()}
+    opt_state = learner_state.opt_state
+    injected = {k: v for k, v in as_scalar.items() if k in OPTIMIZER_HPARAMS}
+    if injected:
+        opt_state = opt_state._replace(hyperparams={**opt_state.hyperparams, **injected})
+    loss = {k: v for k, v in as_scalar.items() if k in LOSS_HPARAMS}
+    return learner_state.replace(opt_state=opt_state,
+                                 hparams={**learner_state.hparams, **loss})
 
 
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
@@ -55,7 +89,10 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         dummy = jnp.zeros((1,) + tuple(spec.observation.shape), spec.observation.dtype)
         params = network.init(key, dummy)
         return LearnerState(
-            params=params, opt_state=optimizer.init(params), updates=jnp.zeros((), jnp.int32)
+            params=params,
+            opt_state=optimizer.init(params),
+            updates=jnp.zeros((), jnp.int32),
+            hparams={k: jnp.asarray(config[k], jnp.float32) for k in LOSS_HPARAMS},
         )
 
     def init_actor_state(batch_size: int) -> tuple[()]:
@@ -73,22 +110,14 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
             action = jax.random.categorical(key, logits)
         return action.astype(jnp.int32), actor_state, {"logits": logits}
 
-    def loss_fn(params: Params, trajectory: Trajectory):
+    def loss_fn(params: Params, trajectory: Trajectory, hparams: dict[str, Array]):
         obs = trajectory.timestep.observation  # [T+1, B, ...]
         t1, b = obs.shape[:2]
         logits, values = network.apply(params, obs.reshape((t1 * b,) + obs.shape[2:]))
         logits = logits.reshape(t1, b, -1)
         values = values.reshape(t1, b)
         batched = jax.vmap(
-            lambda *xs: vtrace_loss(
-                *xs,
-                discount=config.discount,
-                lambda_=config.lambda_,
-                clip_rho_threshold=config.clip_rho_threshold,
-                clip_pg_rho_threshold=config.clip_pg_rho_threshold,
-                baseline_cost=config.baseline_cost,
-                entropy_cost=config.entropy_cost,
-            ),
+            lambda *xs: vtrace_loss(*xs, **hparams),
             in_axes=1,
         )
         out = batched(
@@ -106,7 +135,8 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     def learner_step(learner_state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
                      axis_name: str | None) -> tuple[LearnerState, Metrics]:
         del key  # V-trace's update is deterministic.
-        grads, out = jax.grad(loss_fn, has_aux=True)(learner_state.params, trajectory)
+        grads, out = jax.grad(loss_fn, has_aux=True)(learner_state.params, trajectory,
+                                                     learner_state.hparams)
         if axis_name is not None:
             grads = jax.lax.pmean(grads, axis_name)
         updates, opt_state = optimizer.update(grads, learner_state.opt_state,
@@ -122,8 +152,8 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         }
         if axis_name is not None:
             metrics = jax.lax.pmean(metrics, axis_name)
-        new_state = LearnerState(params=params, opt_state=opt_state,
-                                 updates=learner_state.updates + 1)
+        new_state = learner_state.replace(params=params, opt_state=opt_state,
+                                          updates=learner_state.updates + 1)
         return new_state, metrics
 
     return Agent(
@@ -132,4 +162,6 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         learner_step=learner_step,
         init_actor_state=init_actor_state,
         actor_params=actor_params,
+        set_hparams=set_hparams,
+        sweepable=SWEEPABLE,
     )

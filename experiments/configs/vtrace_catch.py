@@ -21,4 +21,16 @@ def get_config() -> ml_collections.ConfigDict:
     config.rollout_length = 20  # T: steps per trajectory (and per update)
     config.updates_per_chunk = 50  # K: updates per compiled call; one log line per chunk
     config.total_env_steps = 2_000_000
+    # With a --workdir: checkpoints in <workdir>/checkpoints (and resumption from them).
+    config.checkpoint_every_updates = 200  # at the first chunk end past each multiple; 0 = none
+    # (a checkpoint is also written at the end of the run and on SIGTERM)
+    config.checkpoint_keep = 3  # the newest checkpoints kept
+    config.eval_every_updates = 200  # greedy evaluation on separate environments; 0 = none
+    config.eval_episodes = 32  # one episode on each of this many fresh environments
+    config.eval_max_steps = 1000  # an evaluation episode still running here counts as it stands
+    # Sweeps: R independent runs vmapped inside one compiled program, logged in run_<i>/.
+    config.sweep = ml_collections.ConfigDict()
+    config.sweep.seeds = ()  # one seed per run; () = config.seed for every run
+    config.sweep.agent = ml_collections.ConfigDict()  # e.g. learning_rate = (1e-3, 3e-4): one
+    # value per run, zipped with the seeds; only fields in the agent's `sweepable`
     return config

@@ -1,0 +1,299 @@
+"""Checkpoints of a run's whole state with orbax: atomic, the last few kept, verified on restore.
+
+A checkpoint is one step directory `<directory>/<step>/` holding `state` (any pytree of arrays;
+global `jax.Array`s sharded over the devices of several processes included: every process
+writes its own shards) and `meta` (JSON: counters, the config, and a fingerprint of `state`).
+orbax writes a step into a temporary directory and renames it once complete, so a process
+killed mid-save leaves no half-written step under a step name; leftover temporary directories
+are removed when the next run opens the directory.
+
+Restoring walks from the newest step to the oldest and takes the first one that loads and
+whose state matches the fingerprint recorded when it was saved. A step that fails (truncated or
+garbled files, missing metadata) is reported and moved to `<directory>.corrupt/` so that the
+run can write that step again and a person can still look at what went wrong.
+
+Multi-process runs call every method in every process, in the same order, over a filesystem
+they all see.
+
+`Preemption` turns SIGTERM, which is how pre-emption arrives, into a flag that a host loop
+polls between compiled calls, so that it can save a checkpoint and exit cleanly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import threading
+import time
+import zlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+_STATE = "state"
+_META = "meta"
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint step loaded but does not hold what was saved."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Fingerprints: a 64-bit digest of every bit of a pytree, computed where the arrays live.
+
+
+def _mix(h: jax.Array) -> jax.Array:
+    """murmur3's 32-bit finaliser: every input bit flips about half of the output bits."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _as_uint32(x: jax.Array) -> jax.Array:
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32).ravel()
+    size = x.dtype.itemsize
+    if size >= 4:  # 8-byte values bitcast to a trailing pair of words
+        return jax.lax.bitcast_convert_type(x, jnp.uint32).ravel()
+    narrow = jnp.uint16 if size == 2 else jnp.uint8
+    return jax.lax.bitcast_convert_type(x, narrow).astype(jnp.uint32).ravel()
+
+
+@jax.jit
+def _digest(leaves: list[jax.Array]) -> jax.Array:
+    total = jnp.zeros((2,), jnp.uint32)
+    for i, leaf in enumerate(leaves):
+        bits = _as_uint32(leaf)
+        position = jnp.arange(bits.size, dtype=jnp.uint32)
+        for lane, seed in enumerate((0x9E3779B9, 0x7F4A7C15)):
+            # Position-dependent mixing so that moved or swapped values change the digest;
+            # the wrapping uint32 sum is exact, so the digest does not depend on how XLA
+            # orders the reduction or how the arrays are sharded.
+            h = jnp.sum(_mix(bits ^ _mix(position + jnp.uint32(seed))), dtype=jnp.uint32)
+            # The leaf's place, shape and dtype, so that equal bits in another layout differ.
+            layout = zlib.crc32(f"{i}:{leaf.shape}:{leaf.dtype}".encode())
+            h = _mix(h ^ jnp.uint32(layout))
+            total = total.at[lane].add(h)
+    return total
+
+
+def fingerprint(tree: Any) -> str:
+    """A 16-hex-digit digest of every bit, shape and leaf of `tree` (equal trees, equal digests).
+
+    Catches corruption, not tampering: it is a checksum, not a cryptographic hash.
+    """
+    leaves = [jnp.asarray(x) if not isinstance(x, jax.Array) else x for x in jax.tree.leaves(tree)]
+    if not leaves:
+        return "0" * 16
+    words = np.asarray(_digest(leaves))
+    return f"{int(words[0]):08x}{int(words[1]):08x}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The checkpointer.
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    step: int
+    state: Any  # shaped, typed and sharded like the restore target
+    metadata: dict[str, Any]  # what `save` was given (plus "fingerprint")
+
+
+def _abstract(target: Any) -> Any:
+    def leaf(x: Any) -> Any:
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        sharding = getattr(x, "sharding", None)
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+
+    return jax.tree.map(leaf, target)
+
+
+class Checkpointer:
+    """Saves and restores `(state, metadata)` by step in `directory`, keeping the newest few.
+
+    Saves are synchronous: when `save` returns the step is on disk, which is what a SIGTERM
+    handler needs before the process exits.
+    """
+
+    def __init__(self, directory: str, *, max_to_keep: int = 3):
+        import orbax.checkpoint as ocp  # imported here: a run without checkpoints skips it
+
+        self._ocp = ocp
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            enable_async_checkpointing=False,
+            create=True,
+            cleanup_tmp_directories=True,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                              item_names=(_STATE, _META))
+
+    def steps(self) -> list[int]:
+        """The steps on disk, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def save(self, step: int, state: Any, metadata: dict[str, Any] | None = None) -> None:
+        ocp = self._ocp
+        meta = dict(metadata or {})
+        meta["fingerprint"] = fingerprint(state)
+        meta["saved_at"] = time.time()
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(meta)}
+            ),
+            force=True,
+        )
+        self._manager.wait_until_finished()
+
+    def restore(self, step: int, target: Any) -> Restored:
+        """Loads `step` shaped like `target` (arrays or `jax.ShapeDtypeStruct`s, with the
+        shardings to place it with), or raises if it is unreadable or does not verify."""
+        ocp = self._ocp
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{_STATE: ocp.args.StandardRestore(_abstract(target)),
+                   _META: ocp.args.JsonRestore()}
+            ),
+        )
+        meta, state = restored[_META], restored[_STATE]
+        if not isinstance(meta, dict) or "fingerprint" not in meta:
+            raise CorruptCheckpointError(f"step {step}: metadata missing or unreadable")
+        actual = fingerprint(state)
+        if actual != meta["fingerprint"]:
+            raise CorruptCheckpointError(
+                f"step {step}: state fingerprint {actual} != saved {meta['fingerprint']}"
+            )
+        return Restored(step=step, state=state, metadata=meta)
+
+    def restore_latest(self, target: Any) -> Restored | None:
+        """The newest step that loads and verifies, or None if there is none.
+
+        Steps newer than it that failed are moved aside (see the module docstring).
+        """
+        for step in reversed(self.steps()):
+            try:
+                return self.restore(step, target)
+            except Exception as error:  # noqa: BLE001 - any failure means "not usable"
+                logging.warning("Checkpoint step %d in %s is unusable (%s: %.300s); trying "
+                                "the previous one.", step, self.directory,
+                                type(error).__name__, error)
+                self._quarantine(step)
+        return None
+
+    def _quarantine(self, step: int) -> None:
+        if jax.process_index() == 0:
+            aside = self.directory + ".corrupt"
+            os.makedirs(aside, exist_ok=True)
+            destination = os.path.join(aside, f"{step}-{int(time.time() * 1000)}")
+            shutil.move(os.path.join(self.directory, str(step)), destination)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"podracer_checkpoint_quarantine_{step}")
+        self._manager.reload()
+
+    def close(self) -> None:
+        self._manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Preemption:
+    """While entered, SIGTERM sets a flag instead of killing the process.
+
+    The host loop polls `requested()` between compiled calls; the call in flight finishes
+    first, so a chunk must take less than the platform's grace period. Signals can only be
+    caught in the main thread; entered elsewhere, this does nothing (and never requests).
+    """
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+        self._signals = signals
+        self._previous: dict[int, Any] = {}
+        self.received: int | None = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        del frame
+        self.received = signum
+
+    def __enter__(self) -> Preemption:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self._signals:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def requested(self) -> bool:
+        """Whether any process of the run has received a signal (all processes must call this
+        at the same points, as they do collectives, so that they all stop together)."""
+        local = self.received is not None
+        if jax.process_count() == 1:
+            return local
+        from jax.experimental import multihost_utils
+
+        return bool(np.any(multihost_utils.process_allgather(np.int32(local))))
+
+
+def read_metadata(directory: str, step: int | None = None) -> dict[str, Any] | None:
+    """The JSON metadata of `step` (default: the newest step) without loading any arrays."""
+    import json
+
+    directory = os.path.abspath(directory)
+    if step is None:
+        steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(
+            directory) else []
+        if not steps:
+            return None
+        step = max(steps)
+    path = os.path.join(directory, str(step), _META, "metadata")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def load_arrays(directory: str, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """Loads a checkpoint's state as numpy arrays (nested dicts, whatever devices wrote it)
+    and its metadata, for inspection; `step` defaults to the newest. Not verified: use
+    `Checkpointer.restore` to resume."""
+    import orbax.checkpoint as ocp
+
+    metadata = read_metadata(directory, step)
+    if metadata is None:
+        raise FileNotFoundError(f"No readable checkpoint in {directory} (step {step}).")
+    if step is None:
+        step = max(int(n) for n in os.listdir(directory) if n.isdigit())
+    path = os.path.join(os.path.abspath(directory), str(step), _STATE)
+    checkpointer = ocp.StandardCheckpointer()
+    tree = checkpointer.metadata(path).item_metadata
+    host = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=host), tree)
+    state = checkpointer.restore(path, target)
+    checkpointer.close()
+    return jax.tree.map(np.asarray, state), metadata
+
+
+__all__ = ["Checkpointer", "CorruptCheckpointError", "Preemption", "Restored", "fingerprint",
+           "load_arrays", "read_metadata"]

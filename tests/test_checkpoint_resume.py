@@ -1,0 +1,153 @@
+"""Pre-emption end to end, with real processes: a run killed with SIGKILL, then stopped with
+SIGTERM, then finished by rerunning the same command ends bit-identical to an uninterrupted
+run with the same seed and device count."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from podracer.checkpoint import load_arrays, read_metadata
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UPDATES_PER_CHUNK = 2
+CHECKPOINT_EVERY = 3 * UPDATES_PER_CHUNK  # every third chunk
+NUM_CHUNKS = 40
+STEPS_PER_CHUNK = 16 * 10 * UPDATES_PER_CHUNK
+# Fields that measure time, not the run.
+TIMING = {"steps_per_second", "wall_time"}
+
+
+def _command(workdir):
+    return [
+        sys.executable, "-m", "experiments.anakin",
+        "--config=experiments/configs/vtrace_catch.py",
+        "--config.seed=5",
+        "--config.num_envs=16",
+        "--config.rollout_length=10",
+        f"--config.updates_per_chunk={UPDATES_PER_CHUNK}",
+        f"--config.total_env_steps={NUM_CHUNKS * STEPS_PER_CHUNK}",
+        f"--config.checkpoint_every_updates={CHECKPOINT_EVERY}",
+        "--config.eval_every_updates=0",
+        f"--workdir={workdir}",
+    ]
+
+
+def _env():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _start(workdir):
+    return subprocess.Popen(_command(workdir), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _records(workdir):
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    lines = open(path).read().splitlines()
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+def _steps(workdir):
+    directory = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
+def _wait_until(proc, condition, what, timeout=240):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before {what}: {proc.communicate()}")
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _without_timing(records):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+def test_killed_then_preempted_run_resumes_bit_identical(tmp_path):
+    reference, interrupted = str(tmp_path / "reference"), str(tmp_path / "interrupted")
+    final_updates = NUM_CHUNKS * UPDATES_PER_CHUNK
+
+    # An uninterrupted run.
+    proc = _start(reference)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert _steps(reference)[-1] == final_updates
+
+    # The same command, killed outright once it has written a checkpoint: whatever it logged
+    # after that checkpoint is lost work.
+    proc = _start(interrupted)
+    _wait_until(proc, lambda: len(_steps(interrupted)) >= 1 and len(_records(interrupted)) >= 8,
+                "a checkpoint and 8 chunks")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = _steps(interrupted)[-1]
+    assert killed_at < final_updates
+
+    # Rerun: it resumes, and is pre-empted (SIGTERM) a few chunks later.
+    proc = _start(interrupted)
+    _wait_until(proc, lambda: len(_records(interrupted)) >= killed_at // UPDATES_PER_CHUNK + 4,
+                "4 chunks after resuming")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert f"Resuming from the checkpoint at update {killed_at:,}" in out, out
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert "Stopped by signal 15" in out and "rerun the same command to resume" in out
+    # SIGTERM saved a checkpoint at the chunk it stopped after, whatever the schedule.
+    stopped_at = _records(interrupted)[-1]["updates"]
+    assert _steps(interrupted)[-1] == stopped_at < final_updates
+    assert read_metadata(os.path.join(interrupted, "checkpoints"))["updates"] == stopped_at
+
+    # Rerun again: it finishes.
+    proc = _start(interrupted)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert f"Resuming from the checkpoint at update {stopped_at:,}" in out, out
+
+    # Everything a run carries is bit-identical: parameters, optimiser state, environment
+    # states, RNG keys, counters.
+    expected, expected_meta = load_arrays(os.path.join(reference, "checkpoints"))
+    actual, actual_meta = load_arrays(os.path.join(interrupted, "checkpoints"))
+    assert expected_meta["updates"] == actual_meta["updates"] == final_updates
+    flat_expected = _flat(expected)
+    flat_actual = _flat(actual)
+    assert flat_expected.keys() == flat_actual.keys()
+    assert any("params" in k for k in flat_expected) and any("key" in k for k in flat_expected)
+    for name, value in flat_expected.items():
+        assert value.dtype == flat_actual[name].dtype, name
+        np.testing.assert_array_equal(flat_actual[name], value, err_msg=name)
+    assert expected_meta["fingerprint"] == actual_meta["fingerprint"]
+    # And so is the log: one record per chunk, no repeats, the same losses and returns.
+    assert _without_timing(_records(interrupted)) == _without_timing(_records(reference))
+
+
+def _flat(tree, prefix=""):
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}{key}/"))
+        return out
+    if isinstance(tree, (list, tuple)):
+        out = {}
+        for i, value in enumerate(tree):
+            out.update(_flat(value, f"{prefix}{i}/"))
+        return out
+    return {prefix.rstrip("/"): np.asarray(tree)}
