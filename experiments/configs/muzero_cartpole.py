@@ -1,0 +1,35 @@
+"""MuZero on envpool's CartPole-v1 with Sebulba: search on the actor devices; replay,
+targets and updates on the learner devices.
+
+    python -m experiments.sebulba --config=experiments/configs/muzero_cartpole.py --workdir=/tmp/mz
+"""
+
+import ml_collections
+
+from agents import muzero
+from experiments.configs import sebulba_vtrace_cartpole
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = sebulba_vtrace_cartpole.get_config()
+    config.agent = muzero.default_config()
+    config.envs_per_actor_thread = 16
+    config.rollout_length = 10
+    # The replay's segments hold rollout_length + 1 timesteps: keep the two tied.
+    config.agent.rollout_length = config.get_ref("rollout_length")
+    config.agent.num_simulations = 8
+    config.agent.search = "gumbel"
+    config.agent.discount = 0.97
+    config.agent.hidden_sizes = (128,)
+    config.agent.latent_size = 128
+    config.agent.learning_rate = 3e-3
+    config.agent.value_cost = 1.0
+    config.agent.batch_size = 128
+    config.agent.updates_per_step = 2
+    config.agent.priority_exponent = 0.0
+    config.agent.replay_capacity = 2048
+    config.agent.min_replay_items = 64
+    config.agent.target_update_interval = 50
+    config.total_env_steps = 40_000
+    config.log_every_updates = 25
+    return config
