@@ -378,26 +378,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
 
     # COMPILE THE LEARNER (and build its state) before any thread starts
     start = time.perf_counter()
-    seed_key = jax.random.PRNGKey(config.seed)
-    params_key, learner_key, actor_key = jax.random.split(seed_key, 3)
-    num_learners = learner_mesh.devices.size
-    init_fn = replication.replicate(lambda key: agent.init(key, spec), learner_mesh)
-    learner_state = init_fn(replication.from_global(
-        np.broadcast_to(np.asarray(params_key), (num_learners, 2)), learner_mesh))
-    learner_keys = replication.from_global(
-        np.asarray(jax.random.split(learner_key, num_learners)), learner_mesh)
-
-    def update(state, key, trajectories):
-        # Rollouts of all this process's actor threads, side by side along the batch axis.
-        trajectory = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *trajectories)
-        key, step_key = jax.random.split(key)
-        state, metrics = agent.learner_step(state, trajectory, step_key, axis_name=DEVICE_AXIS)
-        return state, key, metrics
-
+    params_key, learner_key, actor_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+    learner_state, learner_keys = init_learner(agent, spec, learner_mesh, params_key, learner_key)
     act, pack = make_actor_functions(agent, len(learner_devices_here))
-    example_batch = _example_batch(agent, spec, learner_state, learner_mesh, rollout_length,
-                                   envs_per_thread // len(learner_devices_here), num_threads)
-    update_fn = replication.replicate(update, learner_mesh, donate_argnums=(0, 1))
+    example_batch = abstract_batch(agent, spec, learner_mesh, rollout_length=rollout_length,
+                                   shard_batch=envs_per_thread // len(learner_devices_here),
+                                   num_rollouts=num_threads)
+    update_fn = replication.replicate(make_update(agent), learner_mesh, donate_argnums=(0, 1))
     update_fn = update_fn.lower(learner_state, learner_keys, example_batch).compile()
 
     # A jitted copy out of the first local learner device's slice: fresh buffers, so that
@@ -571,8 +558,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             stop.wait(0.1)
     finally:
         stuck = supervisor.join()
-        for env in envs:
-            env.close()
+        if not stuck:  # a thread still inside env.step must not find its environment freed
+            for env in envs:
+                env.close()
         writer.close()
     supervisor.raise_first_error()
     if stuck and not learner_done.is_set():
@@ -611,10 +599,37 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
-def _example_batch(agent: Agent, spec: Any, learner_state: Any, mesh: jax.sharding.Mesh,
-                   rollout_length: int, shard_batch: int, num_rollouts: int) -> tuple:
-    """Abstract (shape, dtype, sharding) stand-ins for one update's input, for compiling."""
-    params = agent.actor_params(replication.unreplicate(learner_state))
+def init_learner(agent: Agent, spec: Any, mesh: jax.sharding.Mesh, params_key: jax.Array,
+                 learner_key: jax.Array) -> tuple[Any, jax.Array]:
+    """The learner state (identical on every learner device: one params key for all) and one
+    RNG key per learner device, both stacked over `mesh`."""
+    num = mesh.devices.size
+    init_fn = replication.replicate(lambda key: agent.init(key, spec), mesh)
+    state = init_fn(replication.from_global(
+        np.broadcast_to(np.asarray(params_key), (num,) + params_key.shape), mesh))
+    keys = replication.from_global(np.asarray(jax.random.split(learner_key, num)), mesh)
+    return state, keys
+
+
+def make_update(agent: Agent) -> Callable:
+    """The per-learner-device `update(state, key, trajectories) -> (state, key, metrics)`, to be
+    replicated over the learner mesh; `trajectories` is one `[T+1, B/L]` shard per actor
+    thread, concatenated along the batch."""
+
+    def update(state, key, trajectories):
+        trajectory = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *trajectories)
+        key, step_key = jax.random.split(key)
+        state, metrics = agent.learner_step(state, trajectory, step_key, axis_name=DEVICE_AXIS)
+        return state, key, metrics
+
+    return update
+
+
+def abstract_batch(agent: Agent, spec: Any, mesh: jax.sharding.Mesh, *, rollout_length: int,
+                   shard_batch: int, num_rollouts: int) -> tuple[Trajectory, ...]:
+    """Shape, dtype and sharding stand-ins for one update's input (for compiling ahead)."""
+    params = jax.eval_shape(lambda k: agent.actor_params(agent.init(k, spec)),
+                            jax.random.PRNGKey(0))
     obs = jax.ShapeDtypeStruct((shard_batch,) + tuple(spec.observation.shape),
                                spec.observation.dtype)
     timestep = TimeStep(step_type=jax.ShapeDtypeStruct((shard_batch,), jnp.int32),

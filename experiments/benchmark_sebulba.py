@@ -1,0 +1,241 @@
+"""Benchmark: Sebulba V-trace on Atari Pong, end to end, next to what each of its parts
+reaches alone, all measured in this one run (the Podracer paper's section 4.3 and Figure 4b).
+
+Parts, each with the same environments, threads, devices and network as the full run:
+  envpool   the actor threads' envpool batches stepped with uniformly random actions
+  actor     the actor threads' jitted `actor_step` on the actor devices (host observations in,
+            actions back to the host), no environment
+  learner   the replicated update on the learner devices, on a batch already in place
+  sebulba   `sebulba.train`, steady state (compilation and the first log records excluded)
+
+The slowest part alone is the ceiling; Sebulba's job is to overlap the rest behind it. Then,
+as Figure 4b, end-to-end frames/s for several actor batch sizes (environments per actor
+thread). Frames are environment frames: agent steps x frame skip (4).
+
+    python -m experiments.benchmark_sebulba [--config.agent.torso=conv] [--batch_sizes=8,16,32]
+
+On CPU, `--cpu_devices` simulated devices are made (default 2: actor cpu:0, learner cpu:1);
+they share the host's cores, so every part competes with the others for them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "configs", "sebulba_vtrace_atari.py"),
+    "Experiment config (Pong, IMPALA protocol, deep ResNet by default).")
+_SECONDS = flags.DEFINE_float("seconds", 20.0, "Length of each envpool / actor measurement.")
+_LEARNER_UPDATES = flags.DEFINE_integer("learner_updates", 3, "Timed updates, learner alone.")
+_E2E_UPDATES = flags.DEFINE_integer("e2e_updates", 8, "Updates in each end-to-end run; the "
+                                    "first two are warm-up.")
+_BATCH_SIZES = flags.DEFINE_list("batch_sizes", [], "Envs per actor thread for the Figure 4b "
+                                 "sweep (empty: no sweep).")
+_SWEEP_TORSO = flags.DEFINE_string("sweep_torso", "", "Torso for the sweep (default: config's).")
+_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 2, "Simulated CPU devices (CPU only).")
+
+
+def _set_cpu_devices(argv: list[str]) -> None:
+    # Must happen before JAX starts its backend, so before anything below imports it.
+    count = next((a.split("=", 1)[1] for a in argv if a.startswith("--cpu_devices=")), "2")
+    flag = f"--xla_force_host_platform_device_count={count}"
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+            if not f.startswith("--xla_force_host_platform_device_count")]
+    os.environ["XLA_FLAGS"] = " ".join(kept + [flag])
+
+
+_set_cpu_devices(sys.argv)
+
+import platform  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import agents  # noqa: E402
+import sebulba  # noqa: E402
+from podracer import replication  # noqa: E402
+from podracer.types import TimeStep  # noqa: E402
+from sebulba import envpool_env, runner  # noqa: E402
+
+
+def _in_threads(num_threads: int, body) -> float:
+    """Runs `body(i)` in `num_threads` threads; returns the longest one's seconds."""
+    times = [0.0] * num_threads
+
+    def run(i):
+        start = time.perf_counter()
+        body(i)
+        times[i] = time.perf_counter() - start
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(num_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return max(times)
+
+
+def envpool_alone(config, options, seconds: float) -> float:
+    """Agent steps per second of the actor threads' envpool batches, random actions."""
+    n = config.actor_threads_per_device * len(config.actor_device_ids)
+    b = config.envs_per_actor_thread
+    envs = [envpool_env.EnvpoolEnv(config.env.task, b, seed=i, num_threads=config.env.num_threads,
+                                   options=options) for i in range(n)]
+    num_actions = envs[0].spec().action.num_values
+    steps = [0] * n
+
+    def body(i):
+        rng = np.random.default_rng(i)
+        envs[i].reset()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            envs[i].step(rng.integers(0, num_actions, b, dtype=np.int32))
+            steps[i] += b
+
+    elapsed = _in_threads(n, body)
+    for env in envs:
+        env.close()
+    return sum(steps) / elapsed
+
+
+def actor_alone(config, options, agent, spec, params, seconds: float) -> float:
+    """Agent steps per second of `actor_step` in the actor threads, on the actor devices."""
+    local = jax.local_devices()
+    devices = [local[i] for i in config.actor_device_ids]
+    n_per = config.actor_threads_per_device
+    b = config.envs_per_actor_thread
+    act, _ = runner.make_actor_functions(agent, 1)
+    # Observations as envpool returns them (channels first); `act` converts them on device.
+    raw_shape = (b,) + tuple(envpool_env.envpool.make_spec(
+        config.env.task, **options).observation_space.shape)
+    obs = np.random.default_rng(0).integers(0, 255, raw_shape).astype(spec.observation.dtype)
+    host_timestep = TimeStep(
+        step_type=np.ones(b, np.int32), reward=np.zeros(b, np.float32),
+        discount=np.ones(b, np.float32), observation=obs)
+    steps = [0] * (n_per * len(devices))
+    ready = threading.Barrier(len(steps))
+
+    def body(i):
+        device = devices[i // n_per]
+        p = jax.device_put(params, device)
+        key = jax.device_put(jax.random.PRNGKey(i), device)
+        actor_state = jax.device_put(agent.init_actor_state(b), device)
+        for _ in range(2):  # compile and warm up
+            action, actor_state, _, key = act(p, actor_state, jax.device_put(host_timestep,
+                                                                             device), key)
+            np.asarray(action)
+        ready.wait()  # every thread compiled: measure them side by side
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            action, actor_state, _, key = act(p, actor_state, jax.device_put(host_timestep,
+                                                                             device), key)
+            np.asarray(action)
+            steps[i] += b
+
+    _in_threads(len(steps), body)  # includes compilation; the rate below does not
+    return sum(steps) / seconds
+
+
+def learner_alone(config, agent, spec, num_updates: int) -> float:
+    """Agent steps per second consumed by the replicated update on the learner devices."""
+    local = jax.local_devices()
+    mesh = replication.make_mesh([local[i] for i in config.learner_device_ids])
+    n = config.actor_threads_per_device * len(config.actor_device_ids)
+    shard_batch = config.envs_per_actor_thread // len(config.learner_device_ids)
+    state, keys = runner.init_learner(agent, spec, mesh, jax.random.PRNGKey(0),
+                                      jax.random.PRNGKey(1))
+    abstract = runner.abstract_batch(agent, spec, mesh, rollout_length=config.rollout_length,
+                                     shard_batch=shard_batch, num_rollouts=n)
+    batch = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype, device=s.sharding), abstract)
+    update = replication.replicate(runner.make_update(agent), mesh, donate_argnums=(0, 1))
+    state, keys, metrics = update(state, keys, batch)  # compile and warm up
+    jax.block_until_ready(metrics)
+    start = time.perf_counter()
+    for _ in range(num_updates):
+        state, keys, metrics = update(state, keys, batch)
+    jax.block_until_ready(metrics)
+    elapsed = time.perf_counter() - start
+    return num_updates * n * config.envs_per_actor_thread * config.rollout_length / elapsed
+
+
+def end_to_end(config, num_updates: int) -> float:
+    """Steady-state agent steps per second of `sebulba.train` (after two warm-up updates)."""
+    config = config.copy_and_resolve_references()
+    n = config.actor_threads_per_device * len(config.actor_device_ids)
+    per_update = n * config.envs_per_actor_thread * config.rollout_length
+    config.total_env_steps = num_updates * per_update
+    config.log_every_updates = 1
+    marks = []
+    sebulba.train(config, log_fn=lambda r: marks.append((time.perf_counter(), r["env_steps"])))
+    (t0, s0), (t1, s1) = marks[1], marks[-1]
+    return (s1 - s0) / (t1 - t0)
+
+
+def main(argv):
+    del argv
+    config = _CONFIG.value
+    if jax.default_backend() == "cpu" and _CPU_DEVICES.value >= 2:
+        config.actor_device_ids = (0,)
+        config.learner_device_ids = (1,)
+    sebulba.validate(config)
+    options = envpool_env.make_options(config.env.task, config.env.protocol, config.env.kwargs)
+    spec = envpool_env.env_spec(config.env.task, options)
+    agent = agents.make(config.agent, spec)
+    frame_skip = options.get("frame_skip", 1)
+    n = config.actor_threads_per_device * len(config.actor_device_ids)
+    load = os.getloadavg()
+    print(f"# Sebulba benchmark: {config.env.task} ({config.env.protocol} protocol), "
+          f"torso={config.agent.torso}, {n} actor thread(s) x {config.envs_per_actor_thread} "
+          f"envs, T={config.rollout_length}, actors {list(config.actor_device_ids)}, learners "
+          f"{list(config.learner_device_ids)}; {jax.devices()[0].platform} "
+          f"({jax.device_count()} devices), {os.cpu_count()} CPU cores "
+          f"({platform.processor() or platform.machine()}), load average at start "
+          f"{load[0]:.1f}; jax {jax.__version__}, envpool {envpool_env.envpool.__version__}",
+          flush=True)
+
+    params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
+    parts = {}
+    parts["envpool alone (random actions)"] = envpool_alone(config, options, _SECONDS.value)
+    print(f"envpool alone: {parts['envpool alone (random actions)'] * frame_skip:,.0f} "
+          "frames/s", flush=True)
+    parts["actor inference alone"] = actor_alone(config, options, agent, spec, params,
+                                                  _SECONDS.value)
+    print(f"actor alone: {parts['actor inference alone'] * frame_skip:,.0f} frames/s",
+          flush=True)
+    parts["learner update alone"] = learner_alone(config, agent, spec, _LEARNER_UPDATES.value)
+    print(f"learner alone: {parts['learner update alone'] * frame_skip:,.0f} frames/s",
+          flush=True)
+    e2e = end_to_end(config, _E2E_UPDATES.value)
+    ceiling_name = min(parts, key=parts.get)
+    ceiling = parts[ceiling_name]
+
+    print("\n| part | agent steps/s | frames/s |\n|---|---:|---:|")
+    for name, rate in parts.items():
+        print(f"| {name} | {rate:,.0f} | {rate * frame_skip:,.0f} |")
+    print(f"| **Sebulba end to end** | {e2e:,.0f} | {e2e * frame_skip:,.0f} |")
+    print(f"\nCeiling: {ceiling_name}. End to end = {100 * e2e / ceiling:.0f}% of the ceiling.",
+          flush=True)
+
+    if _BATCH_SIZES.value:
+        sweep = config.copy_and_resolve_references()
+        if _SWEEP_TORSO.value:
+            sweep.agent.torso = _SWEEP_TORSO.value
+        print(f"\nFigure 4b: end-to-end frames/s against actor batch size "
+              f"(torso={sweep.agent.torso}, {n} actor thread(s), T={sweep.rollout_length})\n")
+        print("| envs per actor thread | learner batch (trajectories) | frames/s |")
+        print("|---:|---:|---:|")
+        for b in map(int, _BATCH_SIZES.value):
+            sweep.envs_per_actor_thread = b
+            rate = end_to_end(sweep, _E2E_UPDATES.value)
+            print(f"| {b} | {b * n} | {rate * frame_skip:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
