@@ -50,19 +50,19 @@ def _set_cpu_devices(argv: list[str]) -> None:
 
 _set_cpu_devices(sys.argv)
 
-import platform  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
+import platform
+import threading
+import time
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import agents  # noqa: E402
-import sebulba  # noqa: E402
-from podracer import replication  # noqa: E402
-from podracer.types import TimeStep  # noqa: E402
-from sebulba import envpool_env, runner  # noqa: E402
+import agents
+import sebulba
+from podracer import replication
+from podracer.types import TimeStep
+from sebulba import envpool_env, runner
 
 
 def _in_threads(num_threads: int, body) -> float:

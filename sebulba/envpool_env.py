@@ -39,14 +39,14 @@ from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, StepType, TimeStep
 
 # Both protocols: 84x84 grey frames, max-pool over the last two of 4 repeated frames, a stack of
 # the last 4, and a game capped at 108K frames (27K agent steps), as in both papers.
-_COMMON = dict(
-    img_height=84,
-    img_width=84,
-    gray_scale=True,
-    frame_skip=4,
-    stack_num=4,
-    max_episode_steps=27_000,
-)
+_COMMON = {
+    "img_height": 84,
+    "img_width": 84,
+    "gray_scale": True,
+    "frame_skip": 4,
+    "stack_num": 4,
+    "max_episode_steps": 27_000,
+}
 
 ATARI_PROTOCOLS: dict[str, dict[str, Any]] = {
     # Espeholt et al. (2018), IMPALA, Table G.1: a life loss ends the training episode, rewards

@@ -71,7 +71,7 @@ from podracer.agent import Agent
 from podracer.metrics import MetricsWriter
 from podracer.types import DEVICE_AXIS, TimeStep, Trajectory
 from sebulba import envpool_env
-from sebulba.config import Topology, validate
+from sebulba.config import validate
 
 _POLL_S = 0.05  # how often a blocked wait looks at the stop flag
 _JOIN_S = 10.0  # how long shutdown waits for each thread
@@ -271,7 +271,7 @@ def make_actor_functions(agent: Agent, num_shards: int) -> tuple[Callable, Calla
     def pack(timesteps, actions, extras):
         timesteps = [t.replace(observation=envpool_env.to_agent_layout(t.observation))
                      for t in timesteps]
-        stack = lambda *xs: jnp.stack(xs)  # noqa: E731
+        stack = lambda *xs: jnp.stack(xs)
         trajectory = Trajectory(timestep=jax.tree.map(stack, *timesteps),
                                 action=jnp.stack(actions),
                                 extras=jax.tree.map(stack, *extras))

@@ -32,22 +32,22 @@ def test_shipped_configs_are_valid():
 
 @pytest.mark.parametrize("overrides, field, words", [
     # The learner batch: each trajectory is split into one equal shard per learner device.
-    (dict(envs_per_actor_thread=16, learner_device_ids=(1, 2, 3)), "envs_per_actor_thread",
+    ({"envs_per_actor_thread": 16, "learner_device_ids": (1, 2, 3)}, "envs_per_actor_thread",
      ["16 is not divisible", "3", "15 or 18"]),
-    (dict(learner_device_ids=(0, 8)), "learner_device_ids", ["[8]", "only 8 device"]),
-    (dict(actor_device_ids=(9,)), "actor_device_ids", ["[9]"]),
-    (dict(actor_device_ids=()), "actor_device_ids", ["names no device"]),
-    (dict(learner_device_ids=(1, 1)), "learner_device_ids", ["twice"]),
-    (dict(**{"env.task": "CartPol-v1"}), "env.task", ["not an envpool task", "CartPole-v1"]),
-    (dict(**{"env.task": "Pong-v5", "env.protocol": "none"}), "env.protocol",
+    ({"learner_device_ids": (0, 8)}, "learner_device_ids", ["[8]", "only 8 device"]),
+    ({"actor_device_ids": (9,)}, "actor_device_ids", ["[9]"]),
+    ({"actor_device_ids": ()}, "actor_device_ids", ["names no device"]),
+    ({"learner_device_ids": (1, 1)}, "learner_device_ids", ["twice"]),
+    ({"env.task": "CartPol-v1"}, "env.task", ["not an envpool task", "CartPole-v1"]),
+    ({"env.task": "Pong-v5", "env.protocol": "none"}, "env.protocol",
      ["unknown value", "impala", "machado"]),
-    (dict(**{"env.protocol": "impala"}), "env.protocol", ["Atari tasks only"]),
-    (dict(**{"env.task": "Pendulum-v1"}), "env.task", ["continuous actions"]),
-    (dict(staleness="stale"), "staleness", ["fixed", "latest"]),
-    (dict(policy_lag=-1), "policy_lag", [">= 0"]),
-    (dict(queue_size=0), "queue_size", ["positive"]),
-    (dict(rollout_length=0), "rollout_length", ["positive"]),
-    (dict(**{"agent.name": "dqn"}), "agent.name", ["vtrace"]),
+    ({"env.protocol": "impala"}, "env.protocol", ["Atari tasks only"]),
+    ({"env.task": "Pendulum-v1"}, "env.task", ["continuous actions"]),
+    ({"staleness": "stale"}, "staleness", ["fixed", "latest"]),
+    ({"policy_lag": -1}, "policy_lag", [">= 0"]),
+    ({"queue_size": 0}, "queue_size", ["positive"]),
+    ({"rollout_length": 0}, "rollout_length", ["positive"]),
+    ({"agent.name": "dqn"}, "agent.name", ["vtrace"]),
 ])
 def test_bad_fields_are_named_with_a_fix(overrides, field, words):
     with pytest.raises(ConfigError) as info:

@@ -31,7 +31,7 @@ def _env(extra_path: str | None = None) -> dict:
 def _launch(args: list[str], extra_path: str | None = None, timeout: float = 240):
     return subprocess.run([sys.executable, "-m", "experiments.launch", *args], cwd=ROOT,
                           env=_env(extra_path), capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
 
 
 def test_two_processes_end_with_identical_params(tmp_path):
@@ -45,10 +45,12 @@ def test_two_processes_end_with_identical_params(tmp_path):
         f"--workdir={workdir}",
     ])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    info = json.load(open(os.path.join(workdir, "run_info.json")))
+    with open(os.path.join(workdir, "run_info.json")) as f:
+        info = json.load(f)
     assert info["num_processes"] == 2 and len(info["learner_devices"]) == 2
     assert info["num_updates"] == 20
-    records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
     assert records[-1]["updates"] == 20 and records[-1]["env_steps"] == 10240
     first = np.load(os.path.join(workdir, "final_params.process0.npz"))
     second = np.load(os.path.join(workdir, "final_params.process1.npz"))
