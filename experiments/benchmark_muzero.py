@@ -1,0 +1,120 @@
+"""Benchmark: MuZero search throughput and MuZero-Anakin speed, each next to the cost of the
+network forward passes alone, measured in the same run.
+
+- Search: simulations per second for a batch of roots, for `muzero_policy` (PUCT) and
+  `gumbel_muzero_policy`, next to the same forward passes (one representation + prediction,
+  then one dynamics + prediction per simulation) run in a scan with no tree: the difference is
+  the search's own overhead.
+- Anakin: environment steps per second of the compiled MuZero-Anakin chunk on Catch (acting
+  with search, replay insertion, updates) next to the acting network passes alone.
+
+    python -m experiments.benchmark_muzero [--roots=256] [--simulations=16]
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+
+import agents
+import anakin
+import envs_jax
+from agents import muzero
+from experiments.configs import muzero_catch
+
+_ROOTS = flags.DEFINE_integer("roots", 256, "Batch of search roots.")
+_SIMS = flags.DEFINE_integer("simulations", 16, "Simulations per search.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per figure (best is kept).")
+
+
+def _best(fn, *args):
+    jax.block_until_ready(fn(*args))
+    best = float("inf")
+    for _ in range(_REPEATS.value):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main(argv):
+    del argv
+    config = muzero_catch.get_config()
+    env = envs_jax.wrap_for_training(envs_jax.make(config.env.name))
+    spec = env.spec()
+    b, sims = _ROOTS.value, _SIMS.value
+    device = jax.devices()[0]
+    print(f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores; {device.platform} "
+          f"({device.device_kind}); jax {jax.__version__}")
+    print(f"network: MuZero MLP, latent {config.agent.latent_size}, hidden "
+          f"{tuple(config.agent.hidden_sizes)}, {spec.action.num_values} actions")
+
+    # SEARCH
+    agent_config = config.agent.copy_and_resolve_references()
+    agent_config.num_simulations = sims
+    network = muzero.make_network(agent_config, spec)
+    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1,) + spec.observation.shape),
+                          jnp.zeros((1,), jnp.int32))
+    obs = jax.vmap(lambda k: env.reset(k)[1].observation)(jax.random.split(jax.random.PRNGKey(1), b))
+
+    def make_forward_only(steps):
+        return jax.jit(lambda params, obs: forward_only(params, obs, steps))
+
+    def forward_only(params, obs, steps):
+        latent = network.apply(params, obs, method="represent")
+        out = network.apply(params, latent, method="predict")
+
+        def body(latent, action):
+            _, latent = network.apply(params, latent, action, method="dynamics")
+            logits, value = network.apply(params, latent, method="predict")
+            return latent, (logits.sum() + value.sum())
+
+        actions = jnp.zeros((steps, obs.shape[0]), jnp.int32)
+        return jax.lax.scan(body, latent, actions)[1].sum() + out[0].sum()
+
+    forward_s = _best(make_forward_only(sims), params, obs)
+    print(f"network passes alone ({b} roots x {sims} steps): "
+          f"{b * sims / forward_s:>12,.0f} simulation-equivalents/s")
+    for search in ("muzero", "gumbel"):
+        agent_config.search = search
+        agent = agents.make(agent_config, spec)
+        state = agent.init(jax.random.PRNGKey(0), spec)
+        timestep = jax.vmap(lambda k: env.reset(k)[1])(jax.random.split(jax.random.PRNGKey(1), b))
+        act = jax.jit(lambda p, t, k: agent.actor_step(p, (), t, k)[0])
+        seconds = _best(act, state.params, timestep, jax.random.PRNGKey(2))
+        print(f"{search:>6} search ({b} roots x {sims} simulations): "
+              f"{b * sims / seconds:>12,.0f} simulations/s "
+              f"({100 * forward_s / seconds:.0f}% of the time in network passes)")
+
+    # ANAKIN
+    agent = agents.make(config.agent, spec)
+    n = config.num_envs
+    init, chunk = anakin.make_programs(agent, env, envs_per_device=n,
+                                       rollout_length=config.rollout_length,
+                                       updates_per_chunk=config.updates_per_chunk, axis_name=None)
+    state = jax.jit(init)(jax.random.PRNGKey(0), jax.random.PRNGKey(1))
+    chunk = jax.jit(chunk)
+    state, _ = chunk(state)  # compile, and fill the replay past min_replay_items
+    steps = config.updates_per_chunk * config.rollout_length * n
+    best = float("inf")
+    for _ in range(_REPEATS.value):
+        start = time.perf_counter()
+        state, metrics = chunk(state)
+        jax.block_until_ready(metrics)
+        best = min(best, time.perf_counter() - start)
+    acting_sims = config.agent.num_simulations
+    acting_s = _best(make_forward_only(acting_sims), params, obs[:n])
+    print(f"MuZero-Anakin on Catch ({n} envs, {config.agent.num_simulations} simulations, "
+          f"{config.agent.updates_per_step} x {config.agent.batch_size} updates/step): "
+          f"{steps / best:>10,.0f} env steps/s")
+    print(f"  acting network passes alone (1 + {acting_sims} per env step): "
+          f"{n / acting_s:>10,.0f} env steps/s")
+
+
+if __name__ == "__main__":
+    app.run(main)
