@@ -158,3 +158,56 @@ def test_muzero_sebulba_improves_on_cartpole():
     curve = [round(r["episode_return"]) for r in result.history]
     assert result.history[0]["episode_return"] < 40, curve
     assert mean_late >= 75, curve
+
+
+def _frame_stacked_stream(num_steps, num_stack=4, shape=(3, 2), seed=0):
+    """What a frame stacker (newest frame last; a reset fills the stack with the first frame,
+    as envpool does) produces over a stream with random resets: observations and step types."""
+    rng = np.random.default_rng(seed)
+    stack, observations, step_types = None, [], []
+    for t in range(num_steps):
+        frame = rng.integers(0, 255, shape, dtype=np.uint8)
+        reset = t == 0 or rng.random() < 0.15
+        stack = [frame] * num_stack if reset else stack[1:] + [frame]
+        observations.append(np.stack(stack, -1))
+        step_types.append(StepType.FIRST if reset else StepType.MID)
+    return np.array(observations), np.array(step_types, np.int32)
+
+
+def test_frame_stacks_rebuilt_from_one_frame_per_step_are_exact():
+    observations, step_types = _frame_stacked_stream(60)
+    for start in range(45):  # every window: starting mid-episode, on a reset, resets inside
+        segment = observations[start:start + 11]
+        rebuilt = muzero.rebuild_frame_stacks(jnp.asarray(segment[..., -1]),
+                                              jnp.asarray(segment[0]),
+                                              jnp.asarray(step_types[start:start + 11]))
+        np.testing.assert_array_equal(np.asarray(rebuilt), segment)
+
+
+def test_image_replay_stores_each_frame_once_and_learns_from_rebuilt_stacks():
+    spec = EnvSpec(observation=ArraySpec((12, 12, 4), np.uint8), action=DiscreteSpec(3))
+    config = muzero.default_config()
+    config.rollout_length, config.replay_capacity, config.min_replay_items = 4, 8, 2
+    config.batch_size, config.num_simulations, config.channels = 2, 2, 8
+    config.num_blocks, config.hidden_sizes = 1, (16,)
+    agent = agents.make(config, spec)
+    state = agent.init(jax.random.PRNGKey(0), spec)
+    assert "observation" not in state.replay.items
+    assert state.replay.items["frames"].shape == (8, 5, 12, 12)  # one frame per timestep
+    assert state.replay.items["first_stack"].shape == (8, 12, 12, 4)
+    assert state.replay.items["frames"].dtype == jnp.uint8
+    observations, step_types = _frame_stacked_stream(5, shape=(12, 12), seed=1)
+    b = 2
+    trajectory = Trajectory(
+        timestep=TimeStep(
+            step_type=jnp.broadcast_to(jnp.asarray(step_types)[:, None], (5, b)),
+            reward=jnp.zeros((5, b)), discount=jnp.ones((5, b)),
+            observation=jnp.broadcast_to(jnp.asarray(observations)[:, None], (5, b, 12, 12, 4))),
+        action=jnp.zeros((4, b), jnp.int32),
+        extras={"policy": jnp.full((4, b, 3), 1 / 3), "root_value": jnp.zeros((4, b))},
+    )
+    state, metrics = jax.jit(lambda s: agent.learner_step(s, trajectory, jax.random.PRNGKey(1),
+                                                          axis_name=None))(state)
+    assert int(state.updates) == 1 and math.isfinite(float(metrics["loss"]))
+    np.testing.assert_array_equal(np.asarray(state.replay.items["frames"][0]),
+                                  observations[..., -1])

@@ -2,7 +2,12 @@
 
 from agents.muzero.agent import LearnerState, default_config, make_agent, make_recurrent_fn
 from agents.muzero.networks import MuZeroNetwork, make_network, normalise_latent
-from agents.muzero.targets import n_step_values, probs_to_scalar, scalar_to_probs
+from agents.muzero.targets import (
+    n_step_values,
+    probs_to_scalar,
+    rebuild_frame_stacks,
+    scalar_to_probs,
+)
 
 __all__ = [
     "LearnerState",
@@ -14,5 +19,6 @@ __all__ = [
     "n_step_values",
     "normalise_latent",
     "probs_to_scalar",
+    "rebuild_frame_stacks",
     "scalar_to_probs",
 ]

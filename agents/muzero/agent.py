@@ -75,6 +75,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.priority_exponent = 1.0  # alpha; 0 = uniform
     c.importance_exponent = 1.0  # beta
     c.rollout_length = 20  # T of the segments it receives; experiments tie it to the runner's
+    # Store stacked image observations ([H, W, C] uint8) as one frame per step plus the first
+    # stack of each segment, rebuilding stacks when sampled: C times less replay memory.
+    # "auto": on for rank-3 uint8 observations.
+    c.store_frames_once = "auto"
     return c
 
 
@@ -128,8 +132,19 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
                                     beta=config.importance_exponent)
     length = config.rollout_length + 1
     obs_spec = env_spec.observation
+    frames_once = config.store_frames_once
+    if frames_once == "auto":
+        frames_once = len(obs_spec.shape) == 3 and obs_spec.dtype == jnp.uint8
+    if frames_once:
+        observation_fields = {
+            "frames": jnp.zeros((length,) + tuple(obs_spec.shape[:2]), obs_spec.dtype),
+            "first_stack": jnp.zeros(tuple(obs_spec.shape), obs_spec.dtype),
+        }
+    else:
+        observation_fields = {
+            "observation": jnp.zeros((length,) + tuple(obs_spec.shape), obs_spec.dtype)}
     example_item = {
-        "observation": jnp.zeros((length,) + tuple(obs_spec.shape), obs_spec.dtype),
+        **observation_fields,
         "action": jnp.zeros((length - 1,), jnp.int32),
         "reward": jnp.zeros((length,), jnp.float32),
         "discount": jnp.zeros((length,), jnp.float32),
@@ -188,15 +203,32 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     def trajectory_items(trajectory: Trajectory) -> dict:
         """One replay item per environment: [T+1, B, ...] -> [B, T+1, ...]."""
         ts = trajectory.timestep
+        if frames_once:
+            observation_fields = {"frames": ts.observation[..., -1],
+                                  "first_stack": ts.observation[:1]}  # [1, B, H, W, C]
+        else:
+            observation_fields = {"observation": ts.observation}
         items = {
-            "observation": ts.observation,
+            **observation_fields,
             "action": trajectory.action,
             "reward": ts.reward,
             "discount": ts.discount,
             "step_type": ts.step_type.astype(jnp.int8),
             "policy": trajectory.extras["policy"],
         }
-        return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), items)
+        items = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), items)
+        if frames_once:
+            items["first_stack"] = items["first_stack"][:, 0]
+        return items
+
+    def with_observations(items: dict) -> dict:
+        """Sampled items with `observation` [B, L, ...] rebuilt when frames are stored once."""
+        if not frames_once:
+            return items
+        items = dict(items)
+        items["observation"] = jax.vmap(tgt.rebuild_frame_stacks)(
+            items.pop("frames"), items.pop("first_stack"), items["step_type"].astype(jnp.int32))
+        return items
 
     def segment_targets(target_params, items, key):
         """Value (n-step) and policy targets for every position of each sampled segment."""
@@ -271,7 +303,7 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     def one_update(state: LearnerState, key: PRNGKey, axis_name):
         sample_key, start_key, reanalyse_key = jax.random.split(key, 3)
         sample = replay.sample(state.replay, sample_key, config.batch_size)
-        items = sample.items
+        items = with_observations(sample.items)
         starts = jax.random.randint(start_key, (config.batch_size,), 0,
                                     config.rollout_length)
         z, policy = segment_targets(state.target_params, items, reanalyse_key)

@@ -6,6 +6,7 @@ All functions are unbatched over one trajectory segment (rlax style); callers `v
 from __future__ import annotations
 
 import chex
+import jax
 import jax.numpy as jnp
 import rlax
 
@@ -57,3 +58,33 @@ def n_step_values(
         later = jnp.concatenate([rewards[1:] + discount * discounts[1:] * z[1:], boot[-1:]])
         z = jnp.where(last, boot, later)
     return z
+
+
+def rebuild_frame_stacks(frames: Array, first_stack: Array, step_types: Array) -> Array:
+    """The stacked observations `[L, H, W, C]` of a segment stored as one frame per step.
+
+    Frame stacking keeps the C newest frames with the newest last, and a reset fills the stack
+    with copies of the episode's first frame (envpool's behaviour). A segment stores only the
+    newest frame of each timestep (`frames`, [L, H, W]) and the whole stack of its first
+    timestep (`first_stack`, [H, W, C]), so each frame is stored once.
+
+    Channel c of o_t is frame t - (C-1-c), clamped to the start of o_t's episode; frames from
+    before the segment come from `first_stack`.
+    """
+    chex.assert_rank([frames, first_stack, step_types], [3, 3, 1])
+    length = frames.shape[0]
+    num_stack = first_stack.shape[-1]
+    t = jnp.arange(length)
+    first = step_types == StepType.FIRST
+    # Index of the latest FIRST at or before t, or -1 if the episode began before the segment.
+    episode_start = jnp.maximum(jax.lax.cummax(jnp.where(first, t, -1)), -1)
+    c = jnp.arange(num_stack)
+    source = t[:, None] - (num_stack - 1 - c)[None, :]  # [L, C]
+    source = jnp.maximum(source, episode_start[:, None])
+    from_segment = frames[jnp.maximum(source, 0)]  # [L, C, H, W]
+    # source < 0 only when the episode began before the segment: channel (c + t) of the
+    # first stack holds that frame.
+    before = first_stack[..., jnp.clip(c[None, :] + t[:, None], 0, num_stack - 1)]  # [H,W,L,C]
+    before = jnp.moveaxis(before, (2, 3), (0, 1))  # [L, C, H, W]
+    stacks = jnp.where((source < 0)[:, :, None, None], before, from_segment)
+    return jnp.moveaxis(stacks, 1, -1)  # [L, H, W, C]
