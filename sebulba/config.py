@@ -93,8 +93,7 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
     learner_ids = _device_ids(config, "learner_device_ids", num_local)
     # Each actor thread splits its [T, B] trajectory along B, one shard per learner device.
     cfg.require_divisible(config, "envs_per_actor_thread", len(learner_ids),
-                          "the number of learner devices (each trajectory is split along the "
-                          "batch, one equal shard per learner device)")
+                          "the number of learner devices")
     return Topology(actor_device_ids=actor_ids, learner_device_ids=learner_ids,
                     actor_threads_per_device=config.actor_threads_per_device,
                     num_processes=num_processes)

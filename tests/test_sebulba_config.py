@@ -25,7 +25,7 @@ def test_shipped_configs_are_valid():
     assert topology.actor_device_ids == (0,) and topology.learner_device_ids == (0,)
     validate(sebulba_vtrace_atari.get_config(), num_local_devices=1, num_processes=1)
     topology = validate(_cartpole(actor_device_ids=(0, 1), learner_device_ids=(2, 3, 4, 5, 6, 7),
-                                  actor_threads_per_device=2),
+                                  actor_threads_per_device=2, envs_per_actor_thread=12),
                         num_local_devices=8, num_processes=1)
     assert topology.num_actor_threads == 4
 
