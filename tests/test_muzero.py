@@ -84,8 +84,10 @@ def test_actor_step_searches_and_returns_a_policy(search):
     np.testing.assert_array_equal(greedy, jnp.argmax(extras["policy"], -1))
 
 
-def test_learner_step_inserts_the_trajectory_and_waits_for_enough_data():
+@pytest.mark.parametrize("reanalyse_fraction", [0.0, 0.5])
+def test_learner_step_inserts_the_trajectory_and_waits_for_enough_data(reanalyse_fraction):
     config = muzero.default_config()
+    config.reanalyse_fraction = reanalyse_fraction
     config.rollout_length, config.replay_capacity, config.min_replay_items = 3, 16, 8
     config.batch_size, config.num_simulations = 4, 2
     agent = agents.make(config, SPEC)
@@ -103,6 +105,37 @@ def test_learner_step_inserts_the_trajectory_and_waits_for_enough_data():
     state, metrics = step(state, jax.random.PRNGKey(2))
     assert int(state.replay.size) == 8 and int(state.updates) == 1
     assert math.isfinite(float(metrics["loss"]))
+
+
+def test_trajectory_length_must_match_the_replay_segments():
+    config = muzero.default_config()
+    config.rollout_length, config.replay_capacity = 5, 8
+    agent = agents.make(config, SPEC)
+    state = agent.init(jax.random.PRNGKey(0), SPEC)
+    t, b = 3, 2
+    trajectory = Trajectory(
+        timestep=TimeStep(step_type=jnp.ones((t + 1, b), jnp.int32), reward=jnp.zeros((t + 1, b)),
+                          discount=jnp.ones((t + 1, b)), observation=jnp.zeros((t + 1, b, 10, 5))),
+        action=jnp.zeros((t, b), jnp.int32),
+        extras={"policy": jnp.full((t, b, 3), 1 / 3), "root_value": jnp.zeros((t, b))},
+    )
+    with pytest.raises(ConfigError, match="agent.rollout_length"):
+        agent.learner_step(state, trajectory, jax.random.PRNGKey(1), axis_name=None)
+
+
+def test_shipped_muzero_configs_are_valid():
+    import sebulba
+    from experiments.configs import muzero_atari, muzero_cartpole
+
+    assert anakin.validate(muzero_catch.get_config(), 8) == 8
+    for module in (muzero_cartpole, muzero_atari):
+        config = module.get_config()
+        sebulba.validate(config, num_local_devices=1, num_processes=1)
+        assert config.agent.rollout_length == config.rollout_length
+    # The Atari agent builds (replay memory is checked against the device) without allocating.
+    atari = muzero_atari.get_config()
+    spec = EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8), action=DiscreteSpec(6))
+    agents.make(atari.agent, spec)
 
 
 def test_replay_that_would_not_fit_fails_naming_the_field():

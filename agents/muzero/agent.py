@@ -329,6 +329,13 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
 
     def learner_step(state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
                      axis_name: str | None) -> tuple[LearnerState, Metrics]:
+        if trajectory.action.shape[0] != config.rollout_length:
+            raise ConfigError(
+                "agent.rollout_length",
+                f"is {config.rollout_length} but the runner sends trajectories of "
+                f"T={trajectory.action.shape[0]}",
+                "tie them: config.agent.rollout_length = config.get_ref('rollout_length')",
+            )
         state = state.replace(replay=replay.add(state.replay, trajectory_items(trajectory)))
 
         def train(state):
