@@ -92,7 +92,9 @@ def _validate_sweep(config: ml_collections.ConfigDict, sweepable: tuple[str, ...
 
 def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> int:
     """Checks `config` and returns the number of devices the run will use."""
-    cfg.require_choice(config, "env.name", envs_jax.registered())
+    if cfg.get(config, "env.name") not in envs_jax.registered(adapters=False):
+        # Listing the adapters imports their libraries (seconds): only for non-native names.
+        cfg.require_choice(config, "env.name", envs_jax.registered())
     cfg.require_choice(config, "agent.name", agents.registered())
     cfg.require_positive(config, "num_envs", "rollout_length", "updates_per_chunk",
                          "total_env_steps", "agent.learning_rate")

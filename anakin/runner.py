@@ -28,6 +28,7 @@ resumes from the newest good one; the resumed run ends bit-identical to an unint
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable
@@ -304,6 +305,86 @@ def _crossed(updates: int, step: int, every: int) -> bool:
     return every > 0 and updates // every > (updates - step) // every
 
 
+@dataclasses.dataclass
+class _Programs:
+    """What `train` builds and compiles for a config, kept for the next call with one that
+    differs only in what the programs take as inputs (seeds, length, logging)."""
+
+    agent: Agent
+    env: envs_jax.Environment
+    mesh: Any
+    init_fn: Callable
+    chunk: Callable  # the replicated chunk, jitted
+    sweep: bool
+    chunk_fn: Callable | None = None  # compiled for the state `init_fn` returns
+    evaluators: dict[tuple[int, int], Callable] = dataclasses.field(default_factory=dict)
+
+    def evaluator(self, num_episodes: int, max_steps: int) -> Callable:
+        key = (num_episodes, max_steps)
+        if key not in self.evaluators:
+            fn = make_evaluator(self.agent, self.env, num_episodes=num_episodes,
+                                max_steps=max_steps)
+            self.evaluators[key] = jax.jit(jax.vmap(fn) if self.sweep else fn)
+        return self.evaluators[key]
+
+
+# Fields that only reach the compiled programs as inputs, or not at all.
+_NOT_COMPILED = ("seed", "total_env_steps", "checkpoint_every_updates", "checkpoint_keep",
+                 "eval_every_updates", "eval_episodes", "eval_max_steps")
+_PROGRAMS: dict[str, _Programs] = {}
+_PROGRAMS_KEPT = 4
+
+
+def _programs(config: ml_collections.ConfigDict, num_devices: int, runs: list[Run],
+              sweep: bool) -> _Programs:
+    """The programs for `config`: from the cache when an earlier call built the same ones
+    (repeated seeds in a notebook or a test recompile nothing), else built now."""
+    plain = metrics_lib.config_to_dict(config)
+    for field in _NOT_COMPILED:
+        plain.pop(field, None)
+    if "sweep" in plain:
+        plain["sweep"]["seeds"] = len(plain["sweep"].get("seeds", []))
+    devices = [d.id for d in jax.devices()[:num_devices]]
+    key = json.dumps([plain, devices, len(runs), sweep], sort_keys=True)
+    if key in _PROGRAMS:
+        _PROGRAMS[key] = _PROGRAMS.pop(key)  # most recently used last
+        return _PROGRAMS[key]
+
+    mesh = replication.make_mesh(jax.devices()[:num_devices])
+    env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
+    env = envs_jax.wrap_for_training(env, config.env.max_episode_steps or None)
+    agent = agents.make(config.agent, env.spec())
+    init, chunk = make_programs(
+        agent, env,
+        envs_per_device=config.num_envs // num_devices,
+        rollout_length=config.rollout_length,
+        updates_per_chunk=config.updates_per_chunk,
+    )
+    if sweep:
+        swept = bool(runs[0].hparams)
+
+        one_init = init
+
+        def run_init(env_key, params_key, hparams=None):
+            state = one_init(env_key, params_key)
+            if swept:
+                state = state.replace(
+                    learner_state=agent.set_hparams(state.learner_state, hparams))
+            return state
+
+        init, chunk = jax.vmap(run_init), jax.vmap(chunk)
+    programs = _Programs(
+        agent=agent, env=env, mesh=mesh,
+        init_fn=replication.replicate(init, mesh),
+        chunk=replication.replicate(chunk, mesh, donate_argnums=0),
+        sweep=sweep,
+    )
+    _PROGRAMS[key] = programs
+    while len(_PROGRAMS) > _PROGRAMS_KEPT:
+        _PROGRAMS.pop(next(iter(_PROGRAMS)))
+    return programs
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
           log_fn: Callable[[dict], None] | None = None) -> TrainResult:
     """Runs an Anakin experiment to `config.total_env_steps` and returns its final state.
@@ -320,41 +401,23 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     sweep = runs is not None
     runs = runs or [Run(seed=config.seed, hparams={})]
     num_runs = len(runs)
-    mesh = replication.make_mesh(jax.devices()[:num_devices])
-    env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
-    env = envs_jax.wrap_for_training(env, config.env.max_episode_steps or None)
-    agent = agents.make(config.agent, env.spec())
-    envs_per_device = config.num_envs // num_devices
-    init, chunk = make_programs(
-        agent, env,
-        envs_per_device=envs_per_device,
-        rollout_length=config.rollout_length,
-        updates_per_chunk=config.updates_per_chunk,
-    )
+    start = time.perf_counter()
+    programs = _programs(config, num_devices, runs, sweep)
+    agent, mesh = programs.agent, programs.mesh
 
     # Every process derives the same global keys and places its own devices' slices.
     env_keys, params_keys = _initial_keys([r.seed for r in runs], num_devices, sweep)
     init_args = [replication.from_global(env_keys, mesh),
                  replication.from_global(params_keys, mesh)]
-    if sweep:
+    if sweep and runs[0].hparams:
         hparams = {k: np.broadcast_to(np.asarray([r.hparams[k] for r in runs], np.float32),
                                       (num_devices, num_runs))
                    for k in runs[0].hparams}
         init_args.append(replication.from_global(hparams, mesh))
-
-        def run_init(env_key, params_key, hparams):
-            state = init(env_key, params_key)
-            if hparams:
-                state = state.replace(
-                    learner_state=agent.set_hparams(state.learner_state, hparams))
-            return state
-
-        init, chunk = jax.vmap(run_init), jax.vmap(chunk)
-
-    start = time.perf_counter()
-    init_fn = replication.replicate(init, mesh)
-    state = init_fn(*init_args)
-    chunk_fn = replication.replicate(chunk, mesh, donate_argnums=0).lower(state).compile()
+    state = programs.init_fn(*init_args)
+    if programs.chunk_fn is None:
+        programs.chunk_fn = programs.chunk.lower(state).compile()
+    chunk_fn = programs.chunk_fn
     compile_seconds = time.perf_counter() - start
 
     steps_per_chunk = config.updates_per_chunk * config.rollout_length * config.num_envs
@@ -410,16 +473,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                   f"({done_chunks} of {num_chunks} chunks done) in {checkpointer.directory}",
                   flush=True)
 
-    evaluator = None
     eval_every = option(config, "eval_every_updates")
     checkpoint_every = option(config, "checkpoint_every_updates")
 
     def evaluate(state: RunnerState, updates: int) -> list[dict[str, float]]:
-        nonlocal evaluator
-        if evaluator is None:
-            fn = make_evaluator(agent, env, num_episodes=option(config, "eval_episodes"),
-                                max_steps=option(config, "eval_max_steps"))
-            evaluator = jax.jit(jax.vmap(fn) if sweep else fn)
+        evaluator = programs.evaluator(option(config, "eval_episodes"),
+                                       option(config, "eval_max_steps"))
         keys = np.stack([
             np.asarray(jax.random.fold_in(
                 jax.random.fold_in(jax.random.PRNGKey(r.seed), _EVAL_STREAM), updates))

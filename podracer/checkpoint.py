@@ -68,21 +68,24 @@ def _as_uint32(x: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(x, narrow).astype(jnp.uint32).ravel()
 
 
+_SEEDS = (0x9E3779B9, 0x7F4A7C15)  # two independent 32-bit lanes: a 64-bit digest
+
+
 @jax.jit
 def _digest(leaves: list[jax.Array]) -> jax.Array:
-    total = jnp.zeros((2,), jnp.uint32)
+    seeds = jnp.asarray(_SEEDS, jnp.uint32)
+    total = jnp.zeros((len(_SEEDS),), jnp.uint32)
     for i, leaf in enumerate(leaves):
-        bits = _as_uint32(leaf)
-        position = jnp.arange(bits.size, dtype=jnp.uint32)
-        for lane, seed in enumerate((0x9E3779B9, 0x7F4A7C15)):
-            # Position-dependent mixing so that moved or swapped values change the digest;
-            # the wrapping uint32 sum is exact, so the digest does not depend on how XLA
-            # orders the reduction or how the arrays are sharded.
-            h = jnp.sum(_mix(bits ^ _mix(position + jnp.uint32(seed))), dtype=jnp.uint32)
-            # The leaf's place, shape and dtype, so that equal bits in another layout differ.
-            layout = zlib.crc32(f"{i}:{leaf.shape}:{leaf.dtype}".encode())
-            h = _mix(h ^ jnp.uint32(layout))
-            total = total.at[lane].add(h)
+        bits = _as_uint32(leaf)[:, None]
+        position = jnp.arange(bits.shape[0], dtype=jnp.uint32)[:, None]
+        # Position-dependent mixing, so that moved or swapped values change the digest. The
+        # wrapping uint32 sum is exact: the digest does not depend on how XLA orders the
+        # reduction or how the arrays are sharded. One fused reduction per leaf, so nothing
+        # as large as the leaf is materialised.
+        lanes = jnp.sum(_mix(bits ^ _mix(position + seeds)), axis=0, dtype=jnp.uint32)
+        # The leaf's place, shape and dtype, so that equal bits in another layout differ.
+        layout = zlib.crc32(f"{i}:{leaf.shape}:{leaf.dtype}".encode())
+        total = total + _mix(lanes ^ jnp.uint32(layout))
     return total
 
 

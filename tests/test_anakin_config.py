@@ -1,0 +1,66 @@
+"""Validation of the checkpoint, evaluation and sweep fields: clear errors before compiling,
+and how a sweep's runs are read from the config."""
+
+import pytest
+
+import anakin
+from anakin.config import Run, sweep_runs
+from experiments.configs import vtrace_catch
+from podracer import replication
+from podracer.config import ConfigError
+
+
+def _set(config, key, value):
+    node = config
+    *parents, leaf = key.split(".")
+    for parent in parents:
+        node = node[parent]
+    node[leaf] = value
+
+
+@pytest.mark.parametrize(
+    "overrides, field, says",
+    [
+        ({"checkpoint_every_updates": -1}, "checkpoint_every_updates", "integer >= 0"),
+        ({"checkpoint_keep": 0}, "checkpoint_keep", ">= 1"),
+        ({"eval_max_steps": 0}, "eval_max_steps", ">= 1"),
+        ({"eval_episodes": 0}, "eval_episodes", ">= 1"),
+        ({"sweep.seeds": (0, -1)}, "sweep.seeds", "seeds >= 0"),
+        ({"sweep.agent.hidden_sizes": ((8,), (16,))}, "sweep.agent.hidden_sizes",
+         "cannot sweep"),
+        ({"sweep.agent.learning_rate": ()}, "sweep.agent.learning_rate", "non-empty"),
+        ({"sweep.agent.learning_rate": (1e-3, 0.0)}, "sweep.agent.learning_rate", "> 0"),
+        ({"sweep.seeds": (0, 1, 2), "sweep.agent.learning_rate": (1e-3, 3e-4)}, "sweep.seeds",
+         "differ in length"),
+    ],
+)
+def test_bad_fields_fail_before_compiling_naming_the_field(overrides, field, says,
+                                                           monkeypatch):
+    config = vtrace_catch.get_config()
+    config.num_devices = 1
+    for key, value in overrides.items():
+        _set(config, key, value)
+    monkeypatch.setattr(replication, "replicate",
+                        lambda *a, **k: pytest.fail("compiled before validating"))
+    with pytest.raises(ConfigError, match=f"config.{field}") as info:
+        anakin.train(config)
+    assert says in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_sweep_runs_zip_seeds_and_hyperparameters():
+    config = vtrace_catch.get_config()
+    assert sweep_runs(config) is None  # the default config is a single run
+    config.seed = 7
+    config.sweep.agent.learning_rate = (1e-3, 3e-4)
+    assert sweep_runs(config) == [Run(7, {"learning_rate": 1e-3}),
+                                  Run(7, {"learning_rate": 3e-4})]
+    config.sweep.seeds = (1, 2)
+    assert [r.seed for r in sweep_runs(config)] == [1, 2]
+
+
+def test_configs_without_the_new_fields_still_validate():
+    config = vtrace_catch.get_config()
+    for field in ("checkpoint_every_updates", "checkpoint_keep", "eval_every_updates",
+                  "eval_episodes", "eval_max_steps", "sweep"):
+        del config[field]
+    assert anakin.validate(config, 8) == 8

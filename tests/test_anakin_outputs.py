@@ -1,0 +1,132 @@
+"""What an Anakin run leaves in its workdir and on the console: config.json/config.yaml,
+metrics.jsonl with greedy evaluations, TensorBoard event files (read back with TensorBoard's
+own reader), and progress as a bar on a terminal or plain lines elsewhere."""
+
+import io
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+
+import anakin
+import envs_jax
+from experiments.configs import vtrace_catch
+from podracer import metrics
+from podracer.agent import Agent
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("run"))
+    config = vtrace_catch.get_config()
+    config.num_devices = 2
+    config.num_envs = 16
+    config.rollout_length = 10
+    config.updates_per_chunk = 5
+    config.total_env_steps = 16 * 10 * 5 * 4  # 4 chunks
+    config.eval_every_updates = 10  # after chunks 2 and 4
+    config.eval_episodes = 16
+    return config, workdir, anakin.train(config, workdir)
+
+
+def test_resolved_config_is_saved_as_json_and_yaml(run):
+    config, workdir, _ = run
+    saved = json.load(open(os.path.join(workdir, "config.json")))
+    assert saved == json.loads(config.to_json_best_effort())
+    assert yaml.safe_load(open(os.path.join(workdir, "config.yaml"))) == saved
+    assert saved["agent"]["hidden_sizes"] == [64, 64]
+
+
+def test_metrics_jsonl_has_greedy_evaluations_at_the_interval(run):
+    _, workdir, result = run
+    records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    assert [r["updates"] for r in records] == [5, 10, 15, 20]
+    assert ["eval_return" in r for r in records] == [False, True, False, True]
+    for record in (records[1], records[3]):
+        assert -1.0 <= record["eval_return"] <= 1.0
+        assert record["eval_finished"] == 1.0  # Catch episodes end after 9 steps
+    assert records == json.loads(json.dumps(result.history))
+
+
+def test_tensorboard_events_are_readable_by_tensorboard(run):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    _, workdir, result = run
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(workdir))
+    reader = event_accumulator.EventAccumulator(workdir)
+    reader.Reload()
+    tags = reader.Tags()["scalars"]
+    for tag in ("episode_return", "eval_return", "loss", "steps_per_second", "updates"):
+        assert tag in tags, tags
+    returns = reader.Scalars("episode_return")
+    assert [e.step for e in returns] == [r["env_steps"] for r in result.history]
+    np.testing.assert_allclose([e.value for e in returns],
+                               [r["episode_return"] for r in result.history], rtol=1e-6)
+    evals = reader.Scalars("eval_return")
+    assert [e.step for e in evals] == [r["env_steps"] for r in result.history
+                                       if "eval_return" in r]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_on_a_terminal_is_one_bar_redrawn_in_place():
+    stream = _Terminal()
+    progress = metrics.Progress(1_000_000, stream)
+    progress.update({"env_steps": 250_000, "steps_per_second": 812_000.0,
+                     "episode_return": 0.5})
+    progress.update({"env_steps": 500_000, "steps_per_second": 790_000.0,
+                     "episode_return": 0.75, "eval_return": 1.0})
+    progress.close()
+    text = stream.getvalue()
+    assert text.count("\r") == 2 and text.endswith("\n") and text.count("\n") == 1
+    last = text.split("\r")[-1]
+    assert "[############............]  50%" in last
+    assert "500K/1M steps" in last and "790K steps/s" in last and "ETA " in last
+    assert "episode 0.75" in last and "eval 1" in last
+
+
+def test_progress_elsewhere_is_plain_lines_with_an_eta():
+    stream = io.StringIO()
+    writer = metrics.MetricsWriter(None, stream=stream, total_env_steps=100)
+    writer.write({"env_steps": 50, "updates": 1, "episode_return": 0.5,
+                  "steps_per_second": 10.0})
+    writer.close()
+    (line,) = stream.getvalue().splitlines()
+    assert line.startswith("env_steps=50  updates=1  episode_return=0.5  sps=10")
+    assert "eta=0:" in line and "\r" not in stream.getvalue()
+
+
+def _oracle_agent() -> Agent:
+    """Greedy: moves the paddle under the ball. Otherwise: always left."""
+
+    def actor_step(params, actor_state, timestep, key, *, evaluation=False):
+        board = timestep.observation  # [B, 10, 5]
+        ball_x = jnp.argmax(jnp.max(board[:, :-1], axis=1), axis=-1)
+        paddle_x = jnp.argmax(board[:, -1], axis=-1)
+        toward = jnp.sign(ball_x - paddle_x) + 1
+        action = toward if evaluation else jnp.zeros_like(toward)
+        return action.astype(jnp.int32), actor_state, {}
+
+    return Agent(init=None, actor_step=actor_step, learner_step=None,
+                 init_actor_state=lambda batch_size: (), actor_params=lambda s: s)
+
+
+def test_evaluation_plays_one_greedy_episode_per_environment():
+    env = envs_jax.wrap_for_training(envs_jax.make("catch"))
+    agent = _oracle_agent()
+    evaluate = jax.jit(anakin.make_evaluator(agent, env, num_episodes=64, max_steps=100))
+    out = evaluate({}, jax.random.PRNGKey(0))
+    # The greedy policy catches every ball; always-left would catch only those in column 0.
+    assert float(out["eval_return"]) == 1.0 and float(out["eval_return_std"]) == 0.0
+    assert float(out["eval_finished"]) == 1.0
+    # Cut before Catch's 9th step: nothing finished, no reward yet.
+    cut = jax.jit(anakin.make_evaluator(agent, env, num_episodes=8, max_steps=3))(
+        {}, jax.random.PRNGKey(0))
+    assert float(cut["eval_finished"]) == 0.0 and float(cut["eval_return"]) == 0.0
