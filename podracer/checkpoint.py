@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 import zlib
-from typing import Any
+from typing import Any, Self
 
 import jax
 import jax.numpy as jnp
@@ -212,10 +212,10 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.close()
 
-    def __enter__(self) -> Checkpointer:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -236,13 +236,13 @@ class Preemption:
         del frame
         self.received = signum
 
-    def __enter__(self) -> Preemption:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             for signum in self._signals:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
