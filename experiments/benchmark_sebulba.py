@@ -227,14 +227,22 @@ def main(argv):
         sweep = config.copy_and_resolve_references()
         if _SWEEP_TORSO.value:
             sweep.agent.torso = _SWEEP_TORSO.value
-        print(f"\nFigure 4b: end-to-end frames/s against actor batch size "
-              f"(torso={sweep.agent.torso}, {n} actor thread(s), T={sweep.rollout_length})\n")
-        print("| envs per actor thread | learner batch (trajectories) | frames/s |")
-        print("|---:|---:|---:|")
+        print(f"\nFigure 4b: frames/s against actor batch size (torso={sweep.agent.torso}, "
+              f"{n} actor thread(s), T={sweep.rollout_length})\n")
+        print("| envs per actor thread | learner batch (trajectories) | envpool alone | "
+              "actor alone | learner alone | Sebulba end to end |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        seconds = max(5.0, _SECONDS.value / 2)
+        agent = agents.make(sweep.agent, spec)
+        params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
         for b in map(int, _BATCH_SIZES.value):
             sweep.envs_per_actor_thread = b
-            rate = end_to_end(sweep, _E2E_UPDATES.value)
-            print(f"| {b} | {b * n} | {rate * frame_skip:,.0f} |", flush=True)
+            rates = [envpool_alone(sweep, options, seconds),
+                     actor_alone(sweep, options, agent, spec, params, seconds),
+                     learner_alone(sweep, agent, spec, _LEARNER_UPDATES.value),
+                     end_to_end(sweep, _E2E_UPDATES.value)]
+            print(f"| {b} | {b * n} | " + " | ".join(f"{r * frame_skip:,.0f}" for r in rates)
+                  + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -490,7 +490,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             # UPDATE, REPLICATED OVER EVERY LEARNER DEVICE OF EVERY PROCESS
             batch = tuple(_global_batch(r.shards, learner_mesh) for r in rollouts)
             learner_state, learner_keys, metrics = update_fn(learner_state, learner_keys, batch)
-            store.publish(u, local_actor_params(learner_state))
+            # Publish only computed parameters: an actor switching to a version still being
+            # computed would stall until the update ends instead of acting meanwhile.
+            store.publish(u, jax.block_until_ready(local_actor_params(learner_state)))
             pending_metrics.append(jax.tree.map(lambda x: x.addressable_shards[0].data,
                                                 metrics))
             last_batch[0] = batch
