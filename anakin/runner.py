@@ -316,6 +316,7 @@ class _Programs:
     init_fn: Callable
     chunk: Callable  # the replicated chunk, jitted
     sweep: bool
+    hparam_names: tuple[str, ...]  # the agent's hyperparameters that `init_fn` takes as inputs
     chunk_fn: Callable | None = None  # compiled for the state `init_fn` returns
     evaluators: dict[tuple[int, int], Callable] = dataclasses.field(default_factory=dict)
 
@@ -335,49 +336,52 @@ _PROGRAMS: dict[str, _Programs] = {}
 _PROGRAMS_KEPT = 4
 
 
-def _programs(config: ml_collections.ConfigDict, num_devices: int, runs: list[Run],
+def _programs(config: ml_collections.ConfigDict, num_devices: int, num_runs: int,
               sweep: bool) -> _Programs:
     """The programs for `config`: from the cache when an earlier call built the same ones
-    (repeated seeds in a notebook or a test recompile nothing), else built now."""
+    (other seeds, or other values of the agent's `sweepable` hyperparameters, recompile
+    nothing: they are inputs), else built now."""
+    env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
+    env = envs_jax.wrap_for_training(env, config.env.max_episode_steps or None)
+    agent = agents.make(config.agent, env.spec())
+    hparam_names = agent.sweepable if agent.set_hparams is not None else ()
+
     plain = metrics_lib.config_to_dict(config)
     for field in _NOT_COMPILED:
         plain.pop(field, None)
-    if "sweep" in plain:
-        plain["sweep"]["seeds"] = len(plain["sweep"].get("seeds", []))
+    for field in hparam_names:
+        plain["agent"].pop(field, None)
+    plain.pop("sweep", None)
     devices = [d.id for d in jax.devices()[:num_devices]]
-    key = json.dumps([plain, devices, len(runs), sweep], sort_keys=True)
+    key = json.dumps([plain, devices, num_runs, sweep], sort_keys=True)
     if key in _PROGRAMS:
         _PROGRAMS[key] = _PROGRAMS.pop(key)  # most recently used last
         return _PROGRAMS[key]
 
     mesh = replication.make_mesh(jax.devices()[:num_devices])
-    env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
-    env = envs_jax.wrap_for_training(env, config.env.max_episode_steps or None)
-    agent = agents.make(config.agent, env.spec())
-    init, chunk = make_programs(
+    one_init, chunk = make_programs(
         agent, env,
         envs_per_device=config.num_envs // num_devices,
         rollout_length=config.rollout_length,
         updates_per_chunk=config.updates_per_chunk,
     )
+
+    def init(env_key, params_key, hparams):
+        # The agent's hyperparameters arrive as inputs, so that one compiled program serves
+        # every value of them: a sweep's runs, or a run with another learning rate.
+        state = one_init(env_key, params_key)
+        if hparams:
+            state = state.replace(learner_state=agent.set_hparams(state.learner_state, hparams))
+        return state
+
     if sweep:
-        swept = bool(runs[0].hparams)
-
-        one_init = init
-
-        def run_init(env_key, params_key, hparams=None):
-            state = one_init(env_key, params_key)
-            if swept:
-                state = state.replace(
-                    learner_state=agent.set_hparams(state.learner_state, hparams))
-            return state
-
-        init, chunk = jax.vmap(run_init), jax.vmap(chunk)
+        init, chunk = jax.vmap(init), jax.vmap(chunk)
     programs = _Programs(
         agent=agent, env=env, mesh=mesh,
         init_fn=replication.replicate(init, mesh),
         chunk=replication.replicate(chunk, mesh, donate_argnums=0),
         sweep=sweep,
+        hparam_names=hparam_names,
     )
     _PROGRAMS[key] = programs
     while len(_PROGRAMS) > _PROGRAMS_KEPT:
@@ -402,18 +406,20 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     runs = runs or [Run(seed=config.seed, hparams={})]
     num_runs = len(runs)
     start = time.perf_counter()
-    programs = _programs(config, num_devices, runs, sweep)
+    programs = _programs(config, num_devices, num_runs, sweep)
     agent, mesh = programs.agent, programs.mesh
 
     # Every process derives the same global keys and places its own devices' slices.
     env_keys, params_keys = _initial_keys([r.seed for r in runs], num_devices, sweep)
+    hparams = {}
+    for name in programs.hparam_names:
+        values = [r.hparams.get(name, config.agent[name]) for r in runs]
+        shape = (num_devices, num_runs) if sweep else (num_devices,)
+        hparams[name] = np.broadcast_to(np.asarray(values if sweep else values[0], np.float32),
+                                        shape)
     init_args = [replication.from_global(env_keys, mesh),
-                 replication.from_global(params_keys, mesh)]
-    if sweep and runs[0].hparams:
-        hparams = {k: np.broadcast_to(np.asarray([r.hparams[k] for r in runs], np.float32),
-                                      (num_devices, num_runs))
-                   for k in runs[0].hparams}
-        init_args.append(replication.from_global(hparams, mesh))
+                 replication.from_global(params_keys, mesh),
+                 replication.from_global(hparams, mesh)]
     state = programs.init_fn(*init_args)
     if programs.chunk_fn is None:
         programs.chunk_fn = programs.chunk.lower(state).compile()

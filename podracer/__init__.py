@@ -1,6 +1,7 @@
-"""What Anakin and Sebulba share: types, the agent interface, replication, config and metrics."""
+"""What Anakin and Sebulba share: types, the agent interface, replication, config, metrics and
+checkpoints."""
 
-from podracer import config, metrics, replication, types
+from podracer import checkpoint, config, metrics, replication, types
 from podracer.agent import Agent
 from podracer.config import ConfigError
 from podracer.types import (
@@ -23,6 +24,7 @@ __all__ = [
     "StepType",
     "TimeStep",
     "Trajectory",
+    "checkpoint",
     "config",
     "metrics",
     "replication",

@@ -68,8 +68,9 @@ class SetHparamsFn(Protocol):
 
         The values may be traced, which is how a runner `vmap`s one compiled program over
         runs with different hyperparameters: an agent that supports this keeps those
-        hyperparameters in its learner state (e.g. with `optax.inject_hyperparams`) rather
-        than baking them into its functions as constants.
+        hyperparameters in its learner state (e.g. with `optax.inject_hyperparams`) and its
+        functions read them only from there, never as constants from its config. A runner
+        may therefore reuse programs compiled for other values of them.
         """
 
 

@@ -100,16 +100,20 @@ def test_four_seed_sweep_equals_four_separate_runs(separate, tmp_path):
 
 def test_hyperparameter_sweep_runs_equal_runs_with_those_hyperparameters(separate):
     sweep = anakin.train(_config(**{
-        "eval_every_updates": 0,
-        "sweep.seeds": (0, 1),
-        "sweep.agent.learning_rate": (1e-3, 3e-3),  # run 0 keeps the defaults
-        "sweep.agent.entropy_cost": (0.01, 0.05),
+        "sweep.seeds": SEEDS,
+        # Run 1 changes two hyperparameters; the others keep the defaults.
+        "sweep.agent.learning_rate": (1e-3, 3e-3, 1e-3, 1e-3),
+        "sweep.agent.entropy_cost": (0.01, 0.05, 0.01, 0.01),
     }))
     alone = anakin.train(_config(**{"seed": 1, "agent.learning_rate": 3e-3,
-                                    "agent.entropy_cost": 0.05, "eval_every_updates": 0}))
-    _assert_identical(_run_slice(sweep.state, 0), separate[0].state)
+                                    "agent.entropy_cost": 0.05}))
+    for run in (0, 2, 3):
+        _assert_identical(_run_slice(sweep.state, run), separate[SEEDS[run]].state)
     _assert_identical(_run_slice(sweep.state, 1), alone.state)
     _assert_same_records(sweep.run_histories[1], alone.history)
     # The hyperparameters changed the run: it is not the default seed-1 run.
     assert not np.array_equal(jax.tree.leaves(alone.params)[0],
                               jax.tree.leaves(separate[1].params)[0])
+    # Hyperparameters are inputs of the compiled programs, not constants: the run with other
+    # values reused the programs the default runs compiled.
+    assert alone.compile_seconds < 0.5 * separate[SEEDS[0]].compile_seconds
