@@ -439,8 +439,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     checkpointer = None
     done_chunks, wall_offset, resumed_from = 0, 0.0, None
     if workdir is not None:
+        # Asynchronous: the files are written while the next chunks run.
         checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
-                                    max_to_keep=option(config, "checkpoint_keep"))
+                                    max_to_keep=option(config, "checkpoint_keep"),
+                                    asynchronous=True)
         restored = checkpointer.restore_latest(state)
         if restored is not None:
             _check_resumable(config_dict, restored.metadata, num_devices,
@@ -547,6 +549,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                 checkpoint_seconds += save(state, i + 1, wall_time)
                 saved_chunks = i + 1
             if stop:
+                if checkpointer is not None:
+                    started = time.perf_counter()
+                    checkpointer.wait()  # on disk before the process may exit
+                    checkpoint_seconds += time.perf_counter() - started
                 interrupted = True
                 break
     run_seconds = time.perf_counter() - run_start
@@ -555,7 +561,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     if progress is not None:
         progress.close()
     if checkpointer is not None:
-        checkpointer.close()
+        started = time.perf_counter()
+        checkpointer.close()  # waits for the last save
+        checkpoint_seconds += time.perf_counter() - started
     history = ([_mean_record(list(rs)) for rs in zip(*histories)] if sweep
                else histories[0])
     final = history[-1] if history else {}

@@ -152,19 +152,29 @@ def test_partial_save_left_by_a_killed_process_is_ignored(tmp_path, mesh):
     assert read_metadata(directory)["updates"] == 1
 
 
-def test_fingerprint_sees_every_bit_and_position():
+@pytest.mark.parametrize("on_device", [False, True])
+def test_fingerprint_sees_every_bit_and_position(on_device):
+    def digest(tree):
+        return fingerprint(tree, on_device=on_device)
+
     tree = {"a": jnp.arange(6, dtype=jnp.float32), "b": jnp.array([1, 2], jnp.int32),
             "c": jnp.array([True, False]), "h": jnp.ones((3,), jnp.bfloat16)}
-    same = jax.tree.map(lambda x: x.copy(), tree)
-    assert fingerprint(tree) == fingerprint(same)
+    assert digest(tree) == digest(jax.tree.map(lambda x: x.copy(), tree))
+    assert digest(tree).startswith("device:" if on_device else "host:")
     a = np.asarray(tree["a"]).copy()
     a.view(np.uint32)[3] ^= 1  # the lowest mantissa bit of one element
-    assert fingerprint({**tree, "a": jnp.asarray(a)}) != fingerprint(tree)
+    assert digest({**tree, "a": jnp.asarray(a)}) != digest(tree)
     swapped = np.asarray(tree["a"])[[1, 0, 2, 3, 4, 5]]
-    assert fingerprint({**tree, "a": jnp.asarray(swapped)}) != fingerprint(tree)
+    assert digest({**tree, "a": jnp.asarray(swapped)}) != digest(tree)
     # Same bits in another shape or another leaf order are another state.
-    assert fingerprint({**tree, "a": tree["a"].reshape(2, 3)}) != fingerprint(tree)
-    assert fingerprint([tree["a"], tree["b"]]) != fingerprint([tree["b"], tree["a"]])
+    assert digest({**tree, "a": tree["a"].reshape(2, 3)}) != digest(tree)
+    assert digest([tree["a"], tree["b"]]) != digest([tree["b"], tree["a"]])
+
+
+def test_device_fingerprint_does_not_depend_on_sharding(mesh):
+    state = _state(mesh)
+    on_one_device = jax.device_put(jax.device_get(state), jax.devices()[0])
+    assert fingerprint(state, on_device=True) == fingerprint(on_one_device, on_device=True)
 
 
 def test_sigterm_becomes_a_flag_while_entered():

@@ -114,8 +114,10 @@ def test_killed_then_preempted_run_resumes_bit_identical(tmp_path):
 
     # Rerun: it resumes, and is pre-empted (SIGTERM) a few chunks later.
     proc = _start(interrupted, cache)
-    _wait_until(proc, lambda: len(_records(interrupted)) >= killed_at // UPDATES_PER_CHUNK + 4,
-                "4 chunks after resuming")
+    # (A checkpoint newer than the one it resumed from shows it is past start-up and into
+    # its chunks; the old run's records are still in metrics.jsonl until it rewinds them.)
+    _wait_until(proc, lambda: _steps(interrupted)[-1] > killed_at,
+                "a checkpoint after resuming")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert f"Resuming from the checkpoint at update {killed_at:,}" in out, out
