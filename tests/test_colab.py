@@ -15,6 +15,8 @@ COLAB = os.path.join(ROOT, "colab")
 NOTEBOOKS = sorted(name for name in os.listdir(COLAB) if name.endswith(".ipynb"))
 SMALL = {
     "anakin_quickstart.ipynb": "TOTAL_ENV_STEPS = 12_800\nNUM_ENVS = 32\nUPDATES_PER_CHUNK = 5\n",
+    "sebulba_quickstart.ipynb":
+        "TOTAL_ENV_STEPS = 15_360\nENVS_PER_ACTOR_THREAD = 48\nLOG_EVERY_UPDATES = 5\n",
 }
 
 
@@ -56,3 +58,4 @@ def test_notebook_runs_headless(name, tmp_path, monkeypatch):
     assert "environment steps per second" in text, text[-3000:]
     assert _images(notebook), "the learning curve was not drawn"
     assert os.path.exists(os.path.join(workdir, "metrics.jsonl"))
+    assert any(n.startswith("events.out.tfevents") for n in os.listdir(workdir))
