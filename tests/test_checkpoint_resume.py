@@ -21,9 +21,11 @@ from experiments.configs import vtrace_catch
 from podracer.checkpoint import load_arrays, read_metadata
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-UPDATES_PER_CHUNK = 2
+# The shape of the other Anakin tests' small runs, so that the in-process reference can reuse
+# the programs they compiled.
+UPDATES_PER_CHUNK = 5
 CHECKPOINT_EVERY = 3 * UPDATES_PER_CHUNK  # every third chunk
-NUM_CHUNKS = 30
+NUM_CHUNKS = 24
 STEPS_PER_CHUNK = 16 * 10 * UPDATES_PER_CHUNK
 # Fields that measure time, not the run.
 TIMING = {"steps_per_second", "wall_time"}
