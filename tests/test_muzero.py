@@ -88,6 +88,7 @@ def test_actor_step_searches_and_returns_a_policy(search):
 def test_learner_step_inserts_the_trajectory_and_waits_for_enough_data(reanalyse_fraction):
     config = muzero.default_config()
     config.reanalyse_fraction = reanalyse_fraction
+    config.unroll_steps, config.td_steps, config.hidden_sizes, config.latent_size = 1, 2, (16,), 16
     config.rollout_length, config.replay_capacity, config.min_replay_items = 3, 16, 8
     config.batch_size, config.num_simulations = 4, 2
     agent = agents.make(config, SPEC)
@@ -156,6 +157,9 @@ def test_muzero_runs_replicated_on_eight_devices():
     config = muzero_catch.get_config()
     config.num_devices = 8
     config.num_envs = 64
+    # Small and short: this checks replication, not learning.
+    config.agent.unroll_steps, config.agent.num_simulations = 2, 2
+    config.agent.hidden_sizes, config.agent.latent_size = (32,), 32
     config.agent.batch_size = 16
     config.agent.min_replay_items = 8
     config.updates_per_chunk = 3
@@ -222,7 +226,7 @@ def test_image_replay_stores_each_frame_once_and_learns_from_rebuilt_stacks():
     config = muzero.default_config()
     config.rollout_length, config.replay_capacity, config.min_replay_items = 4, 8, 2
     config.batch_size, config.num_simulations, config.channels = 2, 2, 8
-    config.num_blocks, config.hidden_sizes = 1, (16,)
+    config.num_blocks, config.hidden_sizes, config.unroll_steps, config.td_steps = 1, (16,), 1, 2
     agent = agents.make(config, spec)
     state = agent.init(jax.random.PRNGKey(0), spec)
     assert "observation" not in state.replay.items
