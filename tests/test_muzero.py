@@ -84,6 +84,16 @@ def test_actor_step_searches_and_returns_a_policy(search):
     np.testing.assert_array_equal(greedy, jnp.argmax(extras["policy"], -1))
 
 
+def _mid_episode_trajectory(t, b):
+    """A [T+1, B] Catch-shaped trajectory of MID timesteps with uniform search policies."""
+    return Trajectory(
+        timestep=TimeStep(step_type=jnp.ones((t + 1, b), jnp.int32), reward=jnp.zeros((t + 1, b)),
+                          discount=jnp.ones((t + 1, b)), observation=jnp.zeros((t + 1, b, 10, 5))),
+        action=jnp.zeros((t, b), jnp.int32),
+        extras={"policy": jnp.full((t, b, 3), 1 / 3), "root_value": jnp.zeros((t, b))},
+    )
+
+
 @pytest.mark.parametrize("reanalyse_fraction", [0.0, 0.5])
 def test_learner_step_inserts_the_trajectory_and_waits_for_enough_data(reanalyse_fraction):
     config = muzero.default_config()
@@ -93,13 +103,7 @@ def test_learner_step_inserts_the_trajectory_and_waits_for_enough_data(reanalyse
     config.batch_size, config.num_simulations = 4, 2
     agent = agents.make(config, SPEC)
     state = agent.init(jax.random.PRNGKey(0), SPEC)
-    t, b = 3, 4
-    trajectory = Trajectory(
-        timestep=TimeStep(step_type=jnp.ones((t + 1, b), jnp.int32), reward=jnp.zeros((t + 1, b)),
-                          discount=jnp.ones((t + 1, b)), observation=jnp.zeros((t + 1, b, 10, 5))),
-        action=jnp.zeros((t, b), jnp.int32),
-        extras={"policy": jnp.full((t, b, 3), 1 / 3), "root_value": jnp.zeros((t, b))},
-    )
+    trajectory = _mid_episode_trajectory(t=3, b=4)
     step = jax.jit(lambda s, k: agent.learner_step(s, trajectory, k, axis_name=None))
     state, metrics = step(state, jax.random.PRNGKey(1))
     assert int(state.replay.size) == 4 and int(state.updates) == 0  # 4 < 8: no update yet
@@ -113,13 +117,7 @@ def test_trajectory_length_must_match_the_replay_segments():
     config.rollout_length, config.replay_capacity = 5, 8
     agent = agents.make(config, SPEC)
     state = agent.init(jax.random.PRNGKey(0), SPEC)
-    t, b = 3, 2
-    trajectory = Trajectory(
-        timestep=TimeStep(step_type=jnp.ones((t + 1, b), jnp.int32), reward=jnp.zeros((t + 1, b)),
-                          discount=jnp.ones((t + 1, b)), observation=jnp.zeros((t + 1, b, 10, 5))),
-        action=jnp.zeros((t, b), jnp.int32),
-        extras={"policy": jnp.full((t, b, 3), 1 / 3), "root_value": jnp.zeros((t, b))},
-    )
+    trajectory = _mid_episode_trajectory(t=3, b=2)
     with pytest.raises(ConfigError, match="agent.rollout_length"):
         agent.learner_step(state, trajectory, jax.random.PRNGKey(1), axis_name=None)
 
