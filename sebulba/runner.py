@@ -67,14 +67,14 @@ import numpy as np
 
 import agents
 from podracer import distributed, replication
+from podracer import metrics as metrics_lib
 from podracer.agent import Agent
-from podracer.metrics import MetricsWriter
 from podracer.types import DEVICE_AXIS, TimeStep, Trajectory
 from sebulba import envpool_env
 from sebulba.config import validate
 
 _POLL_S = 0.05  # how often a blocked wait looks at the stop flag
-_JOIN_S = 10.0  # how long shutdown waits for each thread
+_JOIN_S = 10.0  # how long shutdown waits for all threads to stop
 
 
 class StallError(TimeoutError):
@@ -373,7 +373,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         "learner_batch": [rollout_length, steps_per_update // rollout_length],
         "num_updates": num_updates,
         "jax_version": jax.__version__,
-        "config": config.to_dict(),
+        "config": metrics_lib.config_to_dict(config),
     }
 
     # COMPILE THE LEARNER (and build its state) before any thread starts
@@ -432,6 +432,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             timesteps, actions, extras = [timestep_dev], [], []
             returns, lengths = [], []
             for _ in range(rollout_length):
+                if stop.is_set():
+                    return
                 if not fixed:
                     version, params = store.newest(device_index)
                     newest = version
@@ -461,8 +463,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     policy_lags: list[int] = []
     last_batch: list[Any] = [()]
     learner_done = threading.Event()
-    writer = MetricsWriter(workdir, enabled=is_main)
+    writer = metrics_lib.MetricsWriter(workdir, enabled=is_main,
+                                       total_env_steps=num_updates * steps_per_update)
     if is_main and workdir:
+        metrics_lib.save_config(config, workdir)
         with open(os.path.join(workdir, "run_info.json"), "w") as f:
             json.dump(run_info, f, indent=2, default=str)
 
