@@ -1,0 +1,248 @@
+"""Benchmark: the cost of `envs_jax` wrappers and adapters against stepping the library directly.
+
+For each environment, two programs of identical structure (a jitted `lax.scan` over T steps of
+a `vmap` over B environments, uniformly random actions drawn the same way) are timed:
+
+- direct: the underlying library's own auto-resetting step: gymnax's `env.step` (which
+  resets by itself), pgx's `pgx.experimental.auto_reset(env.step, env.init)`, jumanji's
+  `AutoResetWrapper`; for our native environments, the bare environment with the same
+  automatic reset, time limit and episode statistics written inline in the loop body;
+- envs_jax: `envs_jax.wrap_for_training(envs_jax.make(name))`: the adapter (if any), the
+  standard time limit (if any), episode statistics and automatic reset as the runners use it.
+
+Overhead = envs_jax time / direct time - 1 (target <= 10%). Both are measured in this run,
+after compilation, as the best of `--repeats` calls, interleaved in alternating order. "bare" is
+the environment's `step` alone with no reset at all (native environments): a lower bound.
+
+    python -m experiments.benchmark_envs [--envs=catch,CartPole-v1] [--num_envs=1024]
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+
+import envs_jax
+from envs_jax import registry
+
+_ENVS = flags.DEFINE_list(
+    "envs",
+    [
+        "catch",
+        "CartPole-v1",
+        "gymnax:CartPole-v1",
+        "gymnax:Breakout-MinAtar",
+        "pgx:minatar-breakout",
+        "jumanji:Snake-v1",
+    ],
+    "Environments to measure (adapters whose library is missing are skipped).",
+)
+_NUM_ENVS = flags.DEFINE_integer("num_envs", 1024, "B: environments in the vmapped batch.")
+_NUM_STEPS = flags.DEFINE_integer("num_steps", 100, "T: steps per timed call (one scan).")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per program (best is kept).")
+
+Carry = Any
+
+
+def _scan_program(
+    init: Callable[[jax.Array], Carry],
+    step: Callable[[Carry, jax.Array], Carry],
+    num_actions: int,
+    num_envs: int,
+    num_steps: int,
+):
+    """init(key) -> batched carry; step(carry, actions[B]) -> carry. Returns (carry0, run)."""
+
+    def run(carry, key):
+        def body(carry, key):
+            actions = jax.random.randint(key, (num_envs,), 0, num_actions, jnp.int32)
+            return step(carry, actions), None
+
+        carry, _ = jax.lax.scan(body, carry, jax.random.split(key, num_steps))
+        return carry
+
+    carry = jax.jit(init)(jax.random.PRNGKey(0))
+    return carry, jax.jit(run, donate_argnums=0)
+
+
+def _ours(name: str, num_envs: int):
+    env = envs_jax.wrap_for_training(envs_jax.make(name))
+
+    def init(key):
+        return jax.vmap(env.reset)(jax.random.split(key, num_envs))[0]
+
+    def step(state, actions):
+        return jax.vmap(env.step)(state, actions)[0]
+
+    return init, step
+
+
+def _native_inline(name: str, num_envs: int):
+    """The bare environment with automatic reset, time limit and statistics written inline."""
+    bare = envs_jax.make(name, max_episode_steps=0)
+    limit = registry.default_max_episode_steps(name) or 0
+
+    def reset_one(key):
+        key, reset_key = jax.random.split(key)
+        state, timestep = bare.reset(reset_key)
+        zero_f, zero_i = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
+        return (state, zero_i, zero_f, zero_i, timestep.last(), key)
+
+    def step_one(carry, action):
+        state, elapsed, ret, length, needs_reset, key = carry
+        key, reset_key = jax.random.split(key)
+        stepped_state, timestep = bare.step(state, action)
+        reset_state, _ = bare.reset(reset_key)
+        elapsed, ret, length = elapsed + 1, ret + timestep.reward, length + 1
+        last = timestep.last() | ((elapsed >= limit) if limit else False)
+        zero_f, zero_i = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
+        pick = lambda a, b: jax.tree.map(lambda x, y: jnp.where(needs_reset, x, y), a, b)
+        state = pick(reset_state, stepped_state)
+        elapsed, ret, length = pick((zero_i, zero_f, zero_i), (elapsed, ret, length))
+        return (state, elapsed, ret, length, jnp.where(needs_reset, False, last), key)
+
+    def init(key):
+        return jax.vmap(reset_one)(jax.random.split(key, num_envs))
+
+    def step(carry, actions):
+        return jax.vmap(step_one)(carry, actions)
+
+    return init, step
+
+
+def _native_bare(name: str, num_envs: int):
+    bare = envs_jax.make(name, max_episode_steps=0)
+
+    def init(key):
+        return jax.vmap(bare.reset)(jax.random.split(key, num_envs))[0]
+
+    def step(state, actions):
+        return jax.vmap(bare.step)(state, actions)[0]
+
+    return init, step
+
+
+def _gymnax_direct(name: str, num_envs: int):
+    import gymnax
+
+    env, params = gymnax.make(name)
+
+    def init(key):
+        keys = jax.random.split(key, num_envs)
+        return jax.vmap(lambda k: env.reset(k, params)[1])(keys), keys
+
+    def step(carry, actions):
+        state, keys = carry
+        split = jax.vmap(jax.random.split)(keys)
+        keys, step_keys = split[:, 0], split[:, 1]
+        state = jax.vmap(lambda k, s, a: env.step(k, s, a, params)[1])(step_keys, state, actions)
+        return state, keys
+
+    return init, step
+
+
+def _pgx_direct(name: str, num_envs: int):
+    import pgx
+    from pgx.experimental import auto_reset
+
+    env = pgx.make(name)
+    step_fn = auto_reset(env.step, env.init)
+
+    def init(key):
+        keys = jax.random.split(key, num_envs)
+        return jax.vmap(env.init)(keys), keys
+
+    def step(carry, actions):
+        state, keys = carry
+        split = jax.vmap(jax.random.split)(keys)
+        keys, step_keys = split[:, 0], split[:, 1]
+        return jax.vmap(step_fn)(state, actions, step_keys), keys
+
+    return init, step
+
+
+def _jumanji_direct(name: str, num_envs: int):
+    import jumanji
+    from jumanji.wrappers import AutoResetWrapper
+
+    env = AutoResetWrapper(jumanji.make(name))
+
+    def init(key):
+        return jax.vmap(env.reset)(jax.random.split(key, num_envs))[0]
+
+    def step(state, actions):
+        return jax.vmap(env.step)(state, actions)[0]
+
+    return init, step
+
+
+def _direct(name: str, num_envs: int):
+    namespace, sep, library_name = name.partition(":")
+    if not sep:
+        return _native_inline(name, num_envs)
+    return {"gymnax": _gymnax_direct, "pgx": _pgx_direct, "jumanji": _jumanji_direct}[namespace](
+        library_name, num_envs
+    )
+
+
+def _time(programs: dict[str, tuple[Carry, Callable]], repeats: int) -> dict[str, float]:
+    """Best seconds per call of each program, calls interleaved so load hits all alike."""
+    best = {label: float("inf") for label in programs}
+    carries = {}
+    for label, (carry, run) in programs.items():  # warm up (compilation is not timed)
+        carries[label] = jax.block_until_ready(run(carry, jax.random.PRNGKey(1)))
+    for i in range(repeats):
+        # Alternate the order (ABBA...), so neither program always runs first in a round.
+        order = list(programs.items()) if i % 2 == 0 else list(programs.items())[::-1]
+        for label, (_, run) in order:
+            start = time.perf_counter()
+            carries[label] = jax.block_until_ready(run(carries[label], jax.random.PRNGKey(i)))
+            best[label] = min(best[label], time.perf_counter() - start)
+    return best
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    num_envs, num_steps = _NUM_ENVS.value, _NUM_STEPS.value
+    print(
+        f"envs_jax benchmark: B={num_envs} envs x T={num_steps} steps per call, best of "
+        f"{_REPEATS.value}; jax {jax.__version__}, {jax.devices()[0].platform}, "
+        f"{platform.processor() or platform.machine()}",
+        flush=True,
+    )
+    print(
+        f"{'environment':28s} {'direct steps/s':>15s} {'envs_jax steps/s':>17s} "
+        f"{'overhead':>9s} {'bare steps/s':>13s}"
+    )
+    for name in _ENVS.value:
+        namespace, sep, _ = name.partition(":")
+        if sep and not registry.installed(namespace):
+            print(f"{name:28s} skipped: install the '{namespace}' extra")
+            continue
+        num_actions = envs_jax.make(name).action_spec().num_values
+        programs = {
+            "direct": _scan_program(*_direct(name, num_envs), num_actions, num_envs, num_steps),
+            "ours": _scan_program(*_ours(name, num_envs), num_actions, num_envs, num_steps),
+        }
+        if not sep:
+            programs["bare"] = _scan_program(
+                *_native_bare(name, num_envs), num_actions, num_envs, num_steps
+            )
+        seconds = _time(programs, _REPEATS.value)
+        rate = {label: num_envs * num_steps / s for label, s in seconds.items()}
+        overhead = seconds["ours"] / seconds["direct"] - 1
+        bare = f"{rate['bare']:13,.0f}" if "bare" in rate else f"{'-':>13s}"
+        print(
+            f"{name:28s} {rate['direct']:15,.0f} {rate['ours']:17,.0f} {overhead:+9.1%} {bare}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    app.run(main)
