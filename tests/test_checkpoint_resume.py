@@ -152,6 +152,17 @@ def test_killed_then_preempted_run_resumes_bit_identical(tmp_path):
     assert expected_meta["fingerprint"] == actual_meta["fingerprint"]
     # And so is the log: one record per chunk, no repeats, the same losses and returns.
     assert _without_timing(_records(interrupted)) == _without_timing(_records(reference))
+    # TensorBoard, reading the three processes' event files, hides what the killed and the
+    # pre-empted process logged after their checkpoints, which their successors logged again.
+    assert _tensorboard(interrupted) == _tensorboard(reference)
+
+
+def _tensorboard(workdir):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    reader = event_accumulator.EventAccumulator(workdir)
+    reader.Reload()
+    return [(e.step, e.value) for e in reader.Scalars("loss")]
 
 
 def _flat(tree, prefix=""):
