@@ -41,7 +41,8 @@ def make(name: str, *, params: dict[str, Any] | None = None, **kwargs: Any) -> G
 @chex.dataclass(frozen=True)
 class GymnaxState:
     env_state: Any  # gymnax's EnvState
-    key: PRNGKey  # gymnax takes a key per step; this is where it comes from
+    key: PRNGKey  # this episode's key; the reset and every step fold a counter into it
+    steps: Array  # [] int32 steps taken in this episode
 
 
 class GymnaxEnv(Environment[GymnaxState]):
@@ -55,7 +56,9 @@ class GymnaxEnv(Environment[GymnaxState]):
         self.params = default_params.replace(**(params or {}))
 
     def reset(self, key: PRNGKey) -> tuple[GymnaxState, TimeStep]:
-        key, reset_key = jax.random.split(key)
+        # One hash per reset and per step (fold_in of a counter) rather than a split (two):
+        # under automatic reset both run every step, and on cheap games hashing dominates.
+        reset_key = jax.random.fold_in(key, 0)
         observation, env_state = self.gymnax_env.reset_env(reset_key, self.params)
         timestep = TimeStep(
             step_type=jnp.asarray(StepType.FIRST, jnp.int32),
@@ -63,10 +66,11 @@ class GymnaxEnv(Environment[GymnaxState]):
             discount=jnp.ones((), jnp.float32),
             observation=observation,
         )
-        return GymnaxState(env_state=env_state, key=key), timestep
+        return GymnaxState(env_state=env_state, key=key, steps=jnp.zeros((), jnp.int32)), timestep
 
     def step(self, state: GymnaxState, action: Array) -> tuple[GymnaxState, TimeStep]:
-        key, step_key = jax.random.split(state.key)
+        steps = state.steps + 1
+        step_key = jax.random.fold_in(state.key, steps)
         observation, env_state, reward, terminated, _ = self.gymnax_env.step_env(
             step_key, state.env_state, action, self.params
         )
@@ -78,7 +82,7 @@ class GymnaxEnv(Environment[GymnaxState]):
             discount=jnp.where(terminated, 0.0, 1.0).astype(jnp.float32),
             observation=observation,
         )
-        return GymnaxState(env_state=env_state, key=key), timestep
+        return GymnaxState(env_state=env_state, key=state.key, steps=steps), timestep
 
     def observation_spec(self) -> ArraySpec:
         spec = specs_of(

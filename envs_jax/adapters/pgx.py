@@ -43,7 +43,8 @@ def make(name: str, **kwargs: Any) -> PgxEnv:
 @chex.dataclass(frozen=True)
 class PgxState:
     pgx_state: Any  # pgx's State
-    key: PRNGKey
+    key: PRNGKey  # this episode's key; the reset and every step fold a counter into it
+    steps: Array  # [] int32 steps taken in this episode
 
 
 class PgxEnv(Environment[PgxState]):
@@ -62,8 +63,9 @@ class PgxEnv(Environment[PgxState]):
         return extras
 
     def reset(self, key: PRNGKey) -> tuple[PgxState, TimeStep]:
-        key, init_key = jax.random.split(key)
-        pgx_state = self.game.init(init_key)
+        # One hash per reset and per step (fold_in of a counter) rather than a split (two):
+        # under automatic reset both run every step, and on cheap games hashing dominates.
+        pgx_state = self.game.init(jax.random.fold_in(key, 0))
         timestep = TimeStep(
             step_type=jnp.asarray(StepType.FIRST, jnp.int32),
             reward=jnp.zeros((), jnp.float32),
@@ -71,10 +73,11 @@ class PgxEnv(Environment[PgxState]):
             observation=pgx_state.observation,
             extras=self._extras(pgx_state),
         )
-        return PgxState(pgx_state=pgx_state, key=key), timestep
+        return PgxState(pgx_state=pgx_state, key=key, steps=jnp.zeros((), jnp.int32)), timestep
 
     def step(self, state: PgxState, action: Array) -> tuple[PgxState, TimeStep]:
-        key, step_key = jax.random.split(state.key)
+        steps = state.steps + 1
+        step_key = jax.random.fold_in(state.key, steps)
         mover = state.pgx_state.current_player
         pgx_state = self.game.step(state.pgx_state, action.astype(jnp.int32), step_key)
         terminated, truncated = pgx_state.terminated, pgx_state.truncated
@@ -86,7 +89,7 @@ class PgxEnv(Environment[PgxState]):
             observation=pgx_state.observation,
             extras=self._extras(pgx_state),
         )
-        return PgxState(pgx_state=pgx_state, key=key), timestep
+        return PgxState(pgx_state=pgx_state, key=state.key, steps=steps), timestep
 
     def observation_spec(self) -> ArraySpec:
         spec = specs_of(lambda key: self.game.init(key).observation, jax.random.PRNGKey(0))
