@@ -12,20 +12,9 @@ import envs_jax
 from podracer import config as cfg
 from podracer.types import DiscreteSpec
 
-# Fields added after the first configs were written, with the values a config without them
-# gets (so that configs built by hand before them keep working).
-DEFAULTS: dict[str, Any] = {
-    "checkpoint_every_updates": 0,
-    "checkpoint_keep": 3,
-    "eval_every_updates": 0,
-    "eval_episodes": 32,
-    "eval_max_steps": 1000,
-}
-
-
-def option(config: ml_collections.ConfigDict, field: str) -> Any:
-    """`config.<field>` for a field of `DEFAULTS`, or its default when the config lacks it."""
-    return config.get(field, DEFAULTS[field])
+# The checkpoint and evaluation fields, shared with Sebulba (see `podracer.config`).
+DEFAULTS: dict[str, Any] = cfg.RUN_OPTION_DEFAULTS
+option = cfg.run_option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,14 +88,7 @@ def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> i
     cfg.require_positive(config, "num_envs", "rollout_length", "updates_per_chunk",
                          "total_env_steps", "agent.learning_rate")
     cfg.require_non_negative(config, "num_devices", "env.max_episode_steps", "seed")
-    for field in DEFAULTS:
-        value = option(config, field)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise cfg.ConfigError(field, f"must be a whole number >= 0, got {value!r}",
-                                  f"set --config.{field} to an integer >= 0")
-    for field in ("checkpoint_keep", "eval_episodes", "eval_max_steps"):
-        if option(config, field) == 0:
-            raise cfg.ConfigError(field, "must be >= 1, got 0", f"set --config.{field} >= 1")
+    cfg.validate_run_options(config)
     num_devices = config.num_devices or num_available_devices
     if num_devices > num_available_devices:
         raise cfg.ConfigError(

@@ -43,11 +43,11 @@ import numpy as np
 import agents
 import envs_jax
 from anakin.config import Run, option, sweep_runs, validate
+from podracer import checkpoint as checkpoint_lib
 from podracer import metrics as metrics_lib
 from podracer import replication
 from podracer.agent import Agent
 from podracer.checkpoint import Checkpointer, Preemption
-from podracer.config import ConfigError
 from podracer.metrics import MetricsWriter
 from podracer.types import DEVICE_AXIS, Metrics, Params, PRNGKey, Trajectory
 
@@ -212,41 +212,9 @@ class TrainResult:
         return replication.unreplicate(self.state.learner_state.params)
 
 
-# Fields that may change between an interrupted run and its resumption: they change how long
-# it runs and what it logs, not the state it carries.
-RESUMABLE_CHANGES = ("total_env_steps", "checkpoint_every_updates", "checkpoint_keep",
-                     "eval_every_updates", "eval_episodes", "eval_max_steps")
+# Fields that may change between an interrupted run and its resumption (shared with Sebulba).
+RESUMABLE_CHANGES = checkpoint_lib.RESUMABLE_CHANGES
 _EVAL_STREAM = 0x5EED  # folded into a run's seed for its evaluation keys, apart from training's
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _check_resumable(config_dict: dict[str, Any], metadata: dict[str, Any], num_devices: int,
-                     directory: str) -> None:
-    if metadata.get("num_devices") != num_devices:
-        raise ConfigError(
-            "num_devices",
-            f"the run uses {num_devices} device(s) but the checkpoint in {directory} was made on "
-            f"{metadata.get('num_devices')}",
-            "resume on the same number of devices (a run is a function of the device count), "
-            "or use a new --workdir")
-    saved, current = _flatten(metadata.get("config", {})), _flatten(config_dict)
-    for field in sorted(set(saved) | set(current)):
-        if field in RESUMABLE_CHANGES or saved.get(field) == current.get(field):
-            continue
-        raise ConfigError(
-            field,
-            f"is {current.get(field)!r} but the checkpoint in {directory} was made with "
-            f"{saved.get(field)!r}",
-            "rerun with the checkpoint's value to resume it, or use a new --workdir")
 
 
 def _run_config(config: ml_collections.ConfigDict, run: Run) -> dict[str, Any]:
@@ -445,8 +413,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                                     asynchronous=True)
         restored = checkpointer.restore_latest(state)
         if restored is not None:
-            _check_resumable(config_dict, restored.metadata, num_devices,
-                             checkpointer.directory)
+            checkpoint_lib.check_resumable(config_dict, restored.metadata,
+                                           checkpointer.directory, num_devices=num_devices)
             state = restored.state
             done_chunks = int(restored.metadata["chunks"])
             wall_offset = float(restored.metadata["wall_time"])

@@ -285,6 +285,54 @@ class Preemption:
         return bool(np.any(multihost_utils.process_allgather(np.int32(local))))
 
 
+# Fields that may change between an interrupted run and its resumption: they change how long
+# it runs and what it logs, not the state it carries. Runners may add their own.
+RESUMABLE_CHANGES = ("total_env_steps", "checkpoint_every_updates", "checkpoint_keep",
+                     "eval_every_updates", "eval_episodes", "eval_max_steps")
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_resumable(config: dict[str, Any], metadata: dict[str, Any], directory: str, *,
+                    resumable: tuple[str, ...] = RESUMABLE_CHANGES, **run_shape: Any) -> None:
+    """Raises a `ConfigError` naming the first field in which a run differs from the one that
+    saved a checkpoint (`metadata`, with the saver's `config` and counts), so that a rerun
+    resumes only the run it continues.
+
+    `config` is the resolved config as plain values (`metrics.config_to_dict`); fields named
+    in `resumable` may differ. `run_shape` are figures outside the config that the run is a
+    function of (e.g. `num_devices=8`): each must equal the metadata's field of that name.
+    """
+    from podracer.config import ConfigError
+
+    for name, value in run_shape.items():
+        if metadata.get(name) != value:
+            what = name.replace("_", " ")
+            raise ConfigError(
+                name,
+                f"the run has {value} but the checkpoint in {directory} was made with "
+                f"{metadata.get(name)}",
+                f"resume with the same {what} (a run is a function of it), or use a new "
+                "--workdir")
+    saved, current = _flatten(metadata.get("config", {})), _flatten(config)
+    for field in sorted(set(saved) | set(current)):
+        if field in resumable or saved.get(field) == current.get(field):
+            continue
+        raise ConfigError(
+            field,
+            f"is {current.get(field)!r} but the checkpoint in {directory} was made with "
+            f"{saved.get(field)!r}",
+            "rerun with the checkpoint's value to resume it, or use a new --workdir")
+
+
 def read_metadata(directory: str, step: int | None = None) -> dict[str, Any] | None:
     """The JSON metadata of `step` (default: the newest step) without loading any arrays."""
     import json
@@ -325,5 +373,5 @@ def load_arrays(directory: str, step: int | None = None) -> tuple[Any, dict[str,
     return jax.tree.map(np.asarray, state), metadata
 
 
-__all__ = ["Checkpointer", "CorruptCheckpointError", "Preemption", "Restored", "fingerprint",
-           "load_arrays", "read_metadata"]
+__all__ = ["RESUMABLE_CHANGES", "Checkpointer", "CorruptCheckpointError", "Preemption",
+           "Restored", "check_resumable", "fingerprint", "load_arrays", "read_metadata"]

@@ -65,3 +65,33 @@ def require_divisible(config: ml_collections.ConfigDict, field: str, divisor: in
             f"{value} is not divisible by {what} ({divisor})",
             f"use a multiple of {divisor}, e.g. {max(lower, divisor)} or {lower + divisor}",
         )
+
+
+# Fields every runner accepts for checkpoints and evaluation, added after the first configs
+# were written, with the values a config without them gets (so that configs built by hand
+# before them keep working).
+RUN_OPTION_DEFAULTS: dict[str, Any] = {
+    "checkpoint_every_updates": 0,  # 0: only at the end and on SIGTERM
+    "checkpoint_keep": 3,
+    "eval_every_updates": 0,  # 0: no evaluation
+    "eval_episodes": 32,
+    "eval_max_steps": 1000,
+}
+
+
+def run_option(config: ml_collections.ConfigDict, field: str) -> Any:
+    """`config.<field>` for a field of `RUN_OPTION_DEFAULTS`, or its default when absent."""
+    return config.get(field, RUN_OPTION_DEFAULTS[field])
+
+
+def validate_run_options(config: ml_collections.ConfigDict) -> None:
+    """The checkpoint and evaluation fields: whole numbers >= 0, and >= 1 where 0 means
+    nothing (keeping no checkpoint, evaluating no episode or no step)."""
+    for field in RUN_OPTION_DEFAULTS:
+        value = run_option(config, field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(field, f"must be a whole number >= 0, got {value!r}",
+                              f"set --config.{field} to an integer >= 0")
+    for field in ("checkpoint_keep", "eval_episodes", "eval_max_steps"):
+        if run_option(config, field) == 0:
+            raise ConfigError(field, "must be >= 1, got 0", f"set --config.{field} >= 1")
