@@ -66,6 +66,7 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
                          "timeout_s", "agent.learning_rate")
     cfg.require_non_negative(config, "seed", "policy_lag", "env.num_threads")
     cfg.require_choice(config, "staleness", STALENESS)
+    cfg.validate_run_options(config)  # checkpoint_* and eval_*
 
     # ENVIRONMENT
     task = cfg.get(config, "env.task")

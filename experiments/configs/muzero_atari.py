@@ -34,4 +34,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.reanalyse_fraction = 0.0
     config.rollout_length = 20
     config.agent.rollout_length = config.get_ref("rollout_length")
+    # Checkpoints hold the replay buffer of every learner device (see docs/sebulba.md).
+    config.checkpoint_every_updates = 1000
     return config

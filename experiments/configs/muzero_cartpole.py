@@ -32,4 +32,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.target_update_interval = 50
     config.total_env_steps = 40_000
     config.log_every_updates = 25
+    config.checkpoint_every_updates = 50  # the replay buffer is part of every checkpoint
+    config.eval_every_updates = 125  # greedy search; 0 = none
     return config

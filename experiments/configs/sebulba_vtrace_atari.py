@@ -46,4 +46,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.log_every_updates = 20
     config.timeout_s = 600.0  # longest any thread waits for another before the run fails
     config.save_final_params = False  # write <workdir>/final_params.process<i>.npz at the end
+    # With a --workdir: checkpoints in <workdir>/checkpoints (and resumption from them).
+    config.checkpoint_every_updates = 2000  # learner updates between checkpoints; 0 = none
+    # (a checkpoint is also written at the end of the run and on SIGTERM)
+    config.checkpoint_keep = 3  # the newest checkpoints kept
+    # Greedy evaluation on separate environments (whole games, unclipped scores); 0 = none.
+    # It pauses the learner while it plays: up to eval_max_steps inferences per evaluation.
+    config.eval_every_updates = 2000
+    config.eval_episodes = 16  # one game on each of this many environments
+    config.eval_max_steps = 27_000  # the protocol's game length (108K frames)
     return config

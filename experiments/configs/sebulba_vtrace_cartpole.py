@@ -38,4 +38,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.log_every_updates = 20  # one metrics.jsonl line (and progress line) per this many
     config.timeout_s = 300.0  # longest any thread waits for another before the run fails
     config.save_final_params = False  # write <workdir>/final_params.process<i>.npz at the end
+    # With a --workdir: checkpoints in <workdir>/checkpoints (and resumption from them).
+    config.checkpoint_every_updates = 100  # learner updates between checkpoints; 0 = none
+    # (a checkpoint is also written at the end of the run and on SIGTERM)
+    config.checkpoint_keep = 3  # the newest checkpoints kept
+    config.eval_every_updates = 100  # greedy evaluation on separate environments; 0 = none
+    config.eval_episodes = 32  # one episode on each of this many environments
+    config.eval_max_steps = 1000  # an evaluation episode still running here counts as it stands
     return config
