@@ -4,7 +4,15 @@ device-to-device to learner devices, a replicated learner, parameters pushed bac
 
 from sebulba.config import STALENESS, Topology, validate
 from sebulba.envpool_env import ATARI_PROTOCOLS, EnvpoolEnv, env_spec, make_options
-from sebulba.runner import ParamsStore, StallError, ThreadFailure, TrainResult, save_params, train
+from sebulba.runner import (
+    ParamsStore,
+    StallError,
+    ThreadFailure,
+    TrainResult,
+    make_evaluator,
+    save_params,
+    train,
+)
 
 __all__ = [
     "ATARI_PROTOCOLS",
@@ -16,6 +24,7 @@ __all__ = [
     "Topology",
     "TrainResult",
     "env_spec",
+    "make_evaluator",
     "make_options",
     "save_params",
     "train",

@@ -40,6 +40,31 @@ Replicas: under `jax.distributed` every process runs this same program on its ow
 environments; the learner mesh holds the learner devices of all processes, so the update's
 `pmean` averages gradients over all of them, and all processes apply identical updates.
 
+Checkpoints (with a workdir): the learner thread saves, after update u and its publication,
+the whole learner state stacked over the learner devices (parameters, optimiser state, target
+parameters, MuZero's replay buffer: whatever the agent's state holds), the learner devices'
+RNG keys and the counters (updates, env steps, wall time), every `checkpoint_every_updates`,
+at the end and on SIGTERM, into `<workdir>/checkpoints` (the newest `checkpoint_keep` kept).
+Starting again with the same workdir resumes from the newest good one: the learner continues
+at update u + 1, the parameter store starts at version u (the first rollouts act with the
+restored parameters, as the first ones of a fresh run act with version 0), and env steps count
+on from the checkpoint's. What an actor thread holds is not saved: envpool cannot save its
+environments' states, so a resumed run resets every environment, seeded from (seed, process,
+thread, u), and starts each actor's RNG key and actor state afresh from the same figures.
+A resumed run is therefore a pure function of (config, seed, device count, checkpoint) but,
+unlike an Anakin run, NOT bit-identical to an uninterrupted one: the episodes in flight at the
+checkpoint are restarted, so the trajectories after it differ.
+
+Pre-emption: SIGTERM sets a flag (`podracer.checkpoint.Preemption`) that the learner looks at
+after every update (every process, at the same update, so that they stop together); it then
+logs, saves a checkpoint, and the run stops every thread and closes every environment.
+
+Evaluation: every `eval_every_updates`, process 0's learner thread, right after publishing,
+plays the greedy policy (`actor_step(..., evaluation=True)`) on actor device 0 in its own
+envpool batch of `eval_episodes` environments (created once, seeded apart from training's),
+one game each of at most `eval_max_steps` steps (see `make_evaluator`); the learner waits
+meanwhile, and the actors fill their queues.
+
 Faults: every thread runs inside `_Supervisor`, which records the first exception with its
 traceback and sets the stop flag. Every blocking wait (queues, parameter versions) polls that
 flag and gives up after `timeout_s`, so a failure anywhere ends the run promptly, and `train`
@@ -66,9 +91,12 @@ import ml_collections
 import numpy as np
 
 import agents
+from podracer import checkpoint as checkpoint_lib
 from podracer import distributed, replication
 from podracer import metrics as metrics_lib
 from podracer.agent import Agent
+from podracer.checkpoint import Checkpointer, Preemption
+from podracer.config import run_option
 from podracer.types import DEVICE_AXIS, TimeStep, Trajectory
 from sebulba import envpool_env
 from sebulba.config import validate
@@ -258,15 +286,23 @@ def _strip_extras(timestep: TimeStep) -> TimeStep:
     return timestep.replace(extras={})
 
 
-def make_actor_functions(agent: Agent, num_shards: int) -> tuple[Callable, Callable]:
-    """The jitted `act(params, actor_state, timestep, key)` and
-    `pack(timesteps, actions, extras) -> tuple of num_shards Trajectory shards`."""
+def _make_act(agent: Agent, *, evaluation: bool) -> Callable:
+    """`act(params, actor_state, timestep, key) -> (action, actor_state, extras, key)`, on the
+    envpool layout of `timestep`'s observations."""
 
     def act(params, actor_state, timestep, key):
         key, act_key = jax.random.split(key)
         timestep = timestep.replace(observation=envpool_env.to_agent_layout(timestep.observation))
-        action, actor_state, extras = agent.actor_step(params, actor_state, timestep, act_key)
+        action, actor_state, extras = agent.actor_step(params, actor_state, timestep, act_key,
+                                                       evaluation=evaluation)
         return action, actor_state, extras, key
+
+    return act
+
+
+def make_actor_functions(agent: Agent, num_shards: int) -> tuple[Callable, Callable]:
+    """The jitted `act(params, actor_state, timestep, key)` and
+    `pack(timesteps, actions, extras) -> tuple of num_shards Trajectory shards`."""
 
     def pack(timesteps, actions, extras):
         timesteps = [t.replace(observation=envpool_env.to_agent_layout(t.observation))
@@ -281,7 +317,51 @@ def make_actor_functions(agent: Agent, num_shards: int) -> tuple[Callable, Calla
             for i in range(num_shards)
         )
 
-    return jax.jit(act), jax.jit(pack)
+    return jax.jit(_make_act(agent, evaluation=False)), jax.jit(pack)
+
+
+# ---------------------------------------------------------------------------------------------
+# EVALUATION
+
+
+def make_evaluator(agent: Agent, env: envpool_env.EnvpoolEnv, device: jax.Device, *,
+                   max_steps: int) -> Callable[[Any, jax.Array], dict[str, float]]:
+    """`evaluate(params, key)` -> greedy returns of one episode on each of `env`'s environments.
+
+    The environments are reset, then play with `actor_step(..., evaluation=True)` on `device`
+    until every one has ended a game (`extras["game_over"]`: the LAST step of a whole game;
+    for Atari under episodic life, a life loss does not end it) or `max_steps` steps have
+    passed. An episode's return is its game score up to its end (`extras["episode_return"]`:
+    unclipped, as the logged `episode_return`; nothing after the end, when envpool has already
+    started the next one, counts); an unfinished episode counts with its score so far. Returns
+    `eval_return` (mean), `eval_return_std`, `eval_finished` (the fraction of episodes that
+    ended) and `eval_length` (mean steps). `key` seeds the policy's sampling, if any; the
+    environments continue their own random streams from one evaluation to the next.
+    """
+    act = jax.jit(_make_act(agent, evaluation=True))
+
+    def evaluate(params: Any, key: jax.Array) -> dict[str, float]:
+        n = env.num_envs
+        key = jax.device_put(key, device)
+        actor_state = jax.device_put(agent.init_actor_state(n), device)
+        timestep = env.reset()
+        returns = np.zeros(n, np.float64)
+        lengths = np.zeros(n, np.int64)
+        done = np.zeros(n, bool)
+        for _ in range(max_steps):
+            timestep_dev = jax.device_put(_strip_extras(timestep), device)
+            action, actor_state, _, key = act(params, actor_state, timestep_dev, key)
+            timestep = env.step(np.asarray(action))
+            live = ~done
+            returns[live] = timestep.extras["episode_return"][live]
+            lengths[live] = timestep.extras["episode_length"][live]
+            done |= timestep.extras["game_over"]
+            if done.all():
+                break
+        return {"eval_return": float(np.mean(returns)), "eval_return_std": float(np.std(returns)),
+                "eval_finished": float(np.mean(done)), "eval_length": float(np.mean(lengths))}
+
+    return evaluate
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,13 +372,17 @@ def make_actor_functions(agent: Agent, num_shards: int) -> tuple[Callable, Calla
 class TrainResult:
     learner_state: Any  # stacked over every learner device of the run
     final_metrics: dict[str, Any]  # the last log record
-    history: list[dict[str, Any]]  # every log record
-    policy_lags: list[int]  # one per update: (u - 1) - oldest behaviour version in batch u
+    history: list[dict[str, Any]]  # every log record (a resumed run: earlier ones included)
+    policy_lags: list[int]  # one per update of this call: (u - 1) - oldest version in batch u
     actor_params: list[tuple[int, Any]]  # (version, params) newest on each actor device
     last_batch: tuple[Trajectory, ...]  # the last update's input, global arrays
     run_info: dict[str, Any]  # what was run: envpool version and protocol, devices, config
     compile_seconds: float
     run_seconds: float
+    interrupted: bool = False  # stopped by SIGTERM (after saving a checkpoint, with a workdir)
+    resumed_from_updates: int | None = None  # the checkpoint this run started from
+    checkpoint_seconds: float = 0.0  # time the learner spent handing checkpoints to orbax
+    eval_seconds: float = 0.0  # time the learner spent evaluating (compilation included)
 
     @property
     def params(self) -> Any:
@@ -327,13 +411,30 @@ def _global_batch(shards: Sequence[Trajectory], mesh: jax.sharding.Mesh) -> Traj
     return jax.tree.map(assemble, *shards)
 
 
+# Fields that may change between an interrupted run and its resumption: those of
+# `podracer.checkpoint.RESUMABLE_CHANGES`, and how often and how patiently the run logs.
+RESUMABLE_CHANGES = checkpoint_lib.RESUMABLE_CHANGES + ("log_every_updates", "timeout_s",
+                                                        "save_final_params")
+_EVAL_STREAM = 0x5EED  # mixed into the evaluation's seeds, apart from training's
+
+
+def _env_seed(*entropy: int) -> int:
+    """An envpool seed (a non-negative int32) from a tuple of integers."""
+    return int(np.random.SeedSequence(list(entropy)).generate_state(1)[0] % (2**31 - 1))
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
           log_fn: Callable[[dict], None] | None = None) -> TrainResult:
     """Runs a Sebulba experiment to `config.total_env_steps` and returns its final state.
 
     Joins a `jax.distributed` run first if launched as one (see `podracer.distributed`).
-    Writes `<workdir>/run_info.json` and `<workdir>/metrics.jsonl` and prints one progress line
-    per log record (process 0 only).
+    Without a workdir it only prints progress. With one, process 0 writes run_info.json,
+    config.json/config.yaml, metrics.jsonl and TensorBoard event files, and every process
+    writes its shards of the checkpoints in `<workdir>/checkpoints`, from which a later call
+    with the same workdir resumes (see the module docstring: a resumed run restarts its
+    environments, so it is not bit-identical to an uninterrupted one). SIGTERM stops the run
+    after the update in flight, with a checkpoint saved, and returns a result with
+    `interrupted=True`. `log_fn` gets every record.
     """
     distributed.initialize_from_env()
     topology = validate(config)
@@ -360,6 +461,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     steps_per_update = jax.process_count() * num_threads * envs_per_thread * rollout_length
     num_updates = max(1, math.ceil(config.total_env_steps / steps_per_update))
     fixed = config.staleness == "fixed"
+    checkpoint_every = run_option(config, "checkpoint_every_updates")
+    eval_every = run_option(config, "eval_every_updates")
+    config_dict = metrics_lib.config_to_dict(config)
 
     run_info = {
         "architecture": "sebulba",
@@ -373,7 +477,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         "learner_batch": [rollout_length, steps_per_update // rollout_length],
         "num_updates": num_updates,
         "jax_version": jax.__version__,
-        "config": metrics_lib.config_to_dict(config),
+        "config": config_dict,
     }
 
     # COMPILE THE LEARNER (and build its state) before any thread starts
@@ -396,9 +500,31 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         return first_slice_actor_params(
             jax.tree.map(lambda x: x.addressable_shards[0].data, state))
 
-    store = ParamsStore(actor_devices, keep=(config.policy_lag + 2) if fixed else 1)
-    store.publish(0, local_actor_params(learner_state))
     compile_seconds = time.perf_counter() - start
+
+    # RESUME from the newest good checkpoint, if there is one (every process, in step).
+    checkpointer = None
+    start_update, wall_offset, resumed_from = 0, 0.0, None
+    if workdir is not None:
+        # Asynchronous: the files are written while the learner goes on.
+        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
+                                    max_to_keep=run_option(config, "checkpoint_keep"),
+                                    asynchronous=True)
+        restored = checkpointer.restore_latest(
+            {"learner_state": learner_state, "learner_keys": learner_keys})
+        if restored is not None:
+            checkpoint_lib.check_resumable(config_dict, restored.metadata,
+                                           checkpointer.directory, resumable=RESUMABLE_CHANGES,
+                                           num_processes=jax.process_count())
+            learner_state = restored.state["learner_state"]
+            learner_keys = restored.state["learner_keys"]
+            start_update = resumed_from = int(restored.metadata["updates"])
+            wall_offset = float(restored.metadata["wall_time"])
+    run_info["resumed_from_updates"] = resumed_from
+
+    # Version `start_update` (0, or the checkpoint's) is what the first rollouts act with.
+    store = ParamsStore(actor_devices, keep=(config.policy_lag + 2) if fixed else 1)
+    store.publish(start_update, local_actor_params(learner_state))
 
     # THREADS
     supervisor = _Supervisor()
@@ -406,20 +532,24 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     counters = _ActorCounters()
     queues = [queue.Queue(maxsize=config.queue_size) for _ in range(num_threads)]
     envs: list[envpool_env.EnvpoolEnv] = []
+    # Resumed: the environments and actor keys start afresh, seeded by the resumed update.
+    resume_entropy = (start_update,) if resumed_from is not None else ()
 
     def actor_loop(device_index: int, thread_id: int, env: envpool_env.EnvpoolEnv) -> None:
         device = actor_devices[device_index]
         out = queues[thread_id]
-        key = jax.device_put(jax.random.fold_in(jax.random.fold_in(actor_key, process),
-                                                thread_id), device)
+        key = jax.random.fold_in(jax.random.fold_in(actor_key, process), thread_id)
+        for entropy in resume_entropy:
+            key = jax.random.fold_in(key, entropy)
+        key = jax.device_put(key, device)
         actor_state = jax.device_put(agent.init_actor_state(envs_per_thread), device)
         timestep = env.reset()
         timestep_dev = jax.device_put(_strip_extras(timestep), device)
-        for k in itertools.count(1):
+        for k in itertools.count(start_update + 1):  # rollout k feeds update k
             # PARAMETERS FOR THIS ROLLOUT
             wait_start = time.perf_counter()
             if fixed:
-                version = max(k - 1 - config.policy_lag, 0)
+                version = max(k - 1 - config.policy_lag, start_update)
                 params = store.wait_for(version, device_index, stop, config.timeout_s)
                 if params is None:
                     return
@@ -459,25 +589,45 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                          put_wait_s=time.perf_counter() - put_start, params_wait_s=params_wait,
                          episode_returns=returns, episode_lengths=lengths)
 
+    # OUTPUTS (process 0); a resumed run drops what its predecessor logged after the checkpoint
     history: list[dict[str, Any]] = []
+    if is_main and workdir:
+        metrics_lib.save_config(config_dict, workdir)
+        with open(os.path.join(workdir, "run_info.json"), "w") as f:
+            json.dump(run_info, f, indent=2, default=str)
+        if resumed_from is not None:
+            history = metrics_lib.rewind_records(workdir, updates=resumed_from)
+    writer = metrics_lib.MetricsWriter(
+        workdir, enabled=is_main, total_env_steps=num_updates * steps_per_update,
+        resume_env_steps=None if resumed_from is None else resumed_from * steps_per_update)
     policy_lags: list[int] = []
     last_batch: list[Any] = [()]
     learner_done = threading.Event()
-    writer = metrics_lib.MetricsWriter(workdir, enabled=is_main,
-                                       total_env_steps=num_updates * steps_per_update)
-    if is_main and workdir:
-        metrics_lib.save_config(config, workdir)
-        with open(os.path.join(workdir, "run_info.json"), "w") as f:
-            json.dump(run_info, f, indent=2, default=str)
+    preemption = Preemption()
+    evaluator: Callable | None = None  # process 0's, made with its environments below
+    interrupted = False
+    saved_update = resumed_from
+    checkpoint_seconds = eval_seconds = 0.0
+
+    def save(u: int, wall_time: float) -> None:
+        checkpointer.save(u, {"learner_state": learner_state, "learner_keys": learner_keys}, {
+            "updates": u,
+            "env_steps": u * steps_per_update,
+            "wall_time": wall_time,
+            "num_processes": jax.process_count(),
+            "num_learner_devices": int(learner_mesh.devices.size),
+            "config": config_dict,
+        })
 
     def learner_loop() -> None:
-        nonlocal learner_state, learner_keys
+        nonlocal learner_state, learner_keys, interrupted, saved_update
+        nonlocal checkpoint_seconds, eval_seconds
         pending_metrics: list[Any] = []
         lags: list[int] = []
         waited = 0.0
         last_time = run_start
-        last_update = 0
-        for u in range(1, num_updates + 1):
+        last_update = start_update
+        for u in range(start_update + 1, num_updates + 1):
             # ROLLOUT u OF EVERY ACTOR THREAD
             wait_start = time.perf_counter()
             rollouts = []
@@ -501,8 +651,19 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                                                 metrics))
             last_batch[0] = batch
 
-            # LOG
-            if u % config.log_every_updates == 0 or u == num_updates:
+            # Every process takes the same decisions here (a signal to any one stops all), so
+            # that they call the checkpointer together.
+            stop_now = preemption.requested()
+            last = u == num_updates
+            checkpoint_now = checkpointer is not None and (
+                stop_now or last or (checkpoint_every > 0 and u % checkpoint_every == 0))
+            eval_now = evaluator is not None and u % eval_every == 0
+
+            # LOG (also where a checkpoint or an evaluation falls, so that the records of a
+            # resumed run continue exactly after its checkpoint's)
+            wall_time = time.perf_counter() - run_start + compile_seconds + wall_offset
+            if (u % config.log_every_updates == 0 or last or stop_now or checkpoint_now
+                    or eval_now):
                 learner_metrics = jax.device_get(pending_metrics)
                 now = time.perf_counter()
                 actor = counters.take()
@@ -525,16 +686,34 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                     "policy_lag": float(np.mean(lags)),
                     "policy_lag_max": int(max(lags)),
                     "policy_lags": list(lags),
-                    "wall_time": now - run_start + compile_seconds,
+                    "wall_time": wall_time,
                     **{k: float(np.mean([m[k] for m in learner_metrics]))
                        for k in learner_metrics[0]},
                 }
+                if eval_now:
+                    eval_start = time.perf_counter()
+                    eval_key = jax.random.fold_in(
+                        jax.random.fold_in(jax.random.PRNGKey(config.seed), _EVAL_STREAM), u)
+                    record.update(evaluator(store.newest(0)[1], eval_key))
+                    eval_seconds += time.perf_counter() - eval_start
                 history.append(record)
                 writer.write(record)
                 if log_fn is not None:
                     log_fn(record)
                 pending_metrics, lags, waited = [], [], 0.0
                 last_time, last_update = now, u
+
+            # CHECKPOINT the state after update u (the actors may already act with it)
+            if checkpoint_now:
+                save_start = time.perf_counter()
+                save(u, wall_time)
+                if stop_now:
+                    checkpointer.wait()  # on disk before the process may exit
+                checkpoint_seconds += time.perf_counter() - save_start
+                saved_update = u
+            if stop_now:
+                interrupted = True
+                break
         learner_done.set()
 
     if is_main:
@@ -545,29 +724,47 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
               f"T={rollout_length}, {num_updates} updates, staleness={config.staleness}"
               f"{f' (lag {config.policy_lag})' if fixed else ''}; compiled in "
               f"{compile_seconds:.1f}s", flush=True)
+        if resumed_from is not None:
+            print(f"Resuming from the checkpoint at update {resumed_from:,} ({resumed_from} of "
+                  f"{num_updates} updates done) in {checkpointer.directory}; the environments "
+                  "start afresh", flush=True)
 
     run_start = time.perf_counter()
     try:
-        for device_index in range(len(actor_devices)):
-            for j in range(config.actor_threads_per_device):
-                thread_id = device_index * config.actor_threads_per_device + j
-                env_seed = int(np.random.SeedSequence(
-                    [config.seed, process, thread_id]).generate_state(1)[0] % (2**31 - 1))
-                env = envpool_env.EnvpoolEnv(task, envs_per_thread, seed=env_seed,
-                                             num_threads=config.env.num_threads, options=options)
-                envs.append(env)
-                supervisor.start(f"actor-{process}.{device_index}.{j}",
-                                 lambda d=device_index, t=thread_id, e=env: actor_loop(d, t, e))
-        supervisor.start(f"learner-{process}", learner_loop)
-        # The main thread only watches, so that Ctrl-C lands here and stops everyone.
-        while not learner_done.is_set() and not stop.is_set():
-            stop.wait(0.1)
+        with preemption:
+            for device_index in range(len(actor_devices)):
+                for j in range(config.actor_threads_per_device):
+                    thread_id = device_index * config.actor_threads_per_device + j
+                    env = envpool_env.EnvpoolEnv(
+                        task, envs_per_thread,
+                        seed=_env_seed(config.seed, process, thread_id, *resume_entropy),
+                        num_threads=config.env.num_threads, options=options)
+                    envs.append(env)
+                    supervisor.start(f"actor-{process}.{device_index}.{j}",
+                                     lambda d=device_index, t=thread_id, e=env: actor_loop(d, t, e))
+            if eval_every > 0 and is_main:
+                # Its own environments, created once, seeded apart from the training ones.
+                eval_env = envpool_env.EnvpoolEnv(
+                    task, run_option(config, "eval_episodes"),
+                    seed=_env_seed(config.seed, _EVAL_STREAM), num_threads=config.env.num_threads,
+                    options=options)
+                envs.append(eval_env)
+                evaluator = make_evaluator(agent, eval_env, actor_devices[0],
+                                           max_steps=run_option(config, "eval_max_steps"))
+            supervisor.start(f"learner-{process}", learner_loop)
+            # The main thread only watches, so that Ctrl-C (and SIGTERM's handler) land here.
+            while not learner_done.is_set() and not stop.is_set():
+                stop.wait(0.1)
     finally:
         stuck = supervisor.join()
         if not stuck:  # a thread still inside env.step must not find its environment freed
             for env in envs:
                 env.close()
         writer.close()
+        if checkpointer is not None and not stuck:
+            close_start = time.perf_counter()
+            checkpointer.close()  # waits for the last save
+            checkpoint_seconds += time.perf_counter() - close_start
     supervisor.raise_first_error()
     if stuck and not learner_done.is_set():
         raise StallError(f"threads did not stop within {_JOIN_S:.0f}s: {stuck}")
@@ -575,9 +772,17 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
 
     final = history[-1] if history else {}
     if is_main:
-        print(f"Done: {final.get('env_steps', 0):,} env steps in {run_seconds:.1f}s "
-              f"(+{compile_seconds:.1f}s compile); final mean episode return "
-              f"{final.get('episode_return', float('nan')):.3f}", flush=True)
+        if interrupted:
+            where = ("no --workdir, so no checkpoint" if checkpointer is None else
+                     f"checkpoint saved at update {saved_update:,} in {checkpointer.directory}; "
+                     "rerun the same command to resume")
+            print(f"Stopped by signal {preemption.received} after "
+                  f"{final.get('env_steps', 0):,} env steps: {where}.", flush=True)
+        else:
+            print(f"Done: {final.get('env_steps', 0):,} env steps in {run_seconds:.1f}s "
+                  f"(+{compile_seconds:.1f}s compile, {checkpoint_seconds:.1f}s checkpoints, "
+                  f"{eval_seconds:.1f}s evaluation); final mean episode return "
+                  f"{final.get('episode_return', float('nan')):.3f}", flush=True)
     result = TrainResult(
         learner_state=learner_state,
         final_metrics=final,
@@ -588,8 +793,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         run_info=run_info,
         compile_seconds=compile_seconds,
         run_seconds=run_seconds,
+        interrupted=interrupted,
+        resumed_from_updates=resumed_from,
+        checkpoint_seconds=checkpoint_seconds,
+        eval_seconds=eval_seconds,
     )
-    if workdir and config.get("save_final_params", False):
+    if workdir and config.get("save_final_params", False) and not interrupted:
         save_params(result.params, os.path.join(workdir, f"final_params.process{process}.npz"))
     return result
 
