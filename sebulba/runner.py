@@ -371,6 +371,7 @@ def make_evaluator(agent: Agent, env: envpool_env.EnvpoolEnv, device: jax.Device
 @dataclasses.dataclass
 class TrainResult:
     learner_state: Any  # stacked over every learner device of the run
+    learner_keys: jax.Array  # [learner devices, ...] each learner device's RNG key
     final_metrics: dict[str, Any]  # the last log record
     history: list[dict[str, Any]]  # every log record (a resumed run: earlier ones included)
     policy_lags: list[int]  # one per update of this call: (u - 1) - oldest version in batch u
@@ -480,10 +481,39 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         "config": config_dict,
     }
 
-    # COMPILE THE LEARNER (and build its state) before any thread starts
+    # THE LEARNER STATE, then (below) its compiled update, before any thread starts
     start = time.perf_counter()
     params_key, learner_key, actor_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
     learner_state, learner_keys = init_learner(agent, spec, learner_mesh, params_key, learner_key)
+    init_seconds = time.perf_counter() - start
+
+    # RESUME from the newest good checkpoint, if there is one (every process, in step), before
+    # the long compilation, so that a run that may not resume fails at once.
+    checkpointer = None
+    start_update, wall_offset, resumed_from = 0, 0.0, None
+    if workdir is not None:
+        # Asynchronous: the files are written while the learner goes on.
+        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
+                                    max_to_keep=run_option(config, "checkpoint_keep"),
+                                    asynchronous=True)
+        try:
+            restored = checkpointer.restore_latest(
+                {"learner_state": learner_state, "learner_keys": learner_keys})
+            if restored is not None:
+                checkpoint_lib.check_resumable(
+                    config_dict, restored.metadata, checkpointer.directory,
+                    resumable=RESUMABLE_CHANGES, num_processes=jax.process_count())
+        except BaseException:
+            checkpointer.close()
+            raise
+        if restored is not None:
+            learner_state = restored.state["learner_state"]
+            learner_keys = restored.state["learner_keys"]
+            start_update = resumed_from = int(restored.metadata["updates"])
+            wall_offset = float(restored.metadata["wall_time"])
+
+    # COMPILE THE LEARNER
+    start = time.perf_counter()
     act, pack = make_actor_functions(agent, len(learner_devices_here))
     example_batch = abstract_batch(agent, spec, learner_mesh, rollout_length=rollout_length,
                                    shard_batch=envs_per_thread // len(learner_devices_here),
@@ -500,26 +530,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         return first_slice_actor_params(
             jax.tree.map(lambda x: x.addressable_shards[0].data, state))
 
-    compile_seconds = time.perf_counter() - start
-
-    # RESUME from the newest good checkpoint, if there is one (every process, in step).
-    checkpointer = None
-    start_update, wall_offset, resumed_from = 0, 0.0, None
-    if workdir is not None:
-        # Asynchronous: the files are written while the learner goes on.
-        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
-                                    max_to_keep=run_option(config, "checkpoint_keep"),
-                                    asynchronous=True)
-        restored = checkpointer.restore_latest(
-            {"learner_state": learner_state, "learner_keys": learner_keys})
-        if restored is not None:
-            checkpoint_lib.check_resumable(config_dict, restored.metadata,
-                                           checkpointer.directory, resumable=RESUMABLE_CHANGES,
-                                           num_processes=jax.process_count())
-            learner_state = restored.state["learner_state"]
-            learner_keys = restored.state["learner_keys"]
-            start_update = resumed_from = int(restored.metadata["updates"])
-            wall_offset = float(restored.metadata["wall_time"])
+    compile_seconds = init_seconds + time.perf_counter() - start
     run_info["resumed_from_updates"] = resumed_from
 
     # Version `start_update` (0, or the checkpoint's) is what the first rollouts act with.
@@ -785,6 +796,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                   f"{final.get('episode_return', float('nan')):.3f}", flush=True)
     result = TrainResult(
         learner_state=learner_state,
+        learner_keys=learner_keys,
         final_metrics=final,
         history=history,
         policy_lags=policy_lags,
