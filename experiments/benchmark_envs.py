@@ -89,23 +89,23 @@ def _native_inline(name: str, num_envs: int):
     limit = registry.default_max_episode_steps(name) or 0
 
     def reset_one(key):
-        key, reset_key = jax.random.split(key)
-        state, timestep = bare.reset(reset_key)
+        count = jnp.zeros((), jnp.uint32)
+        state, timestep = bare.reset(jax.random.fold_in(key, count))
         zero_f, zero_i = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
-        return (state, zero_i, zero_f, zero_i, timestep.last(), key)
+        return (state, zero_i, zero_f, zero_i, timestep.last(), key, count)
 
     def step_one(carry, action):
-        state, elapsed, ret, length, needs_reset, key = carry
-        key, reset_key = jax.random.split(key)
+        state, elapsed, ret, length, needs_reset, key, count = carry
+        count = count + 1
         stepped_state, timestep = bare.step(state, action)
-        reset_state, _ = bare.reset(reset_key)
+        reset_state, _ = bare.reset(jax.random.fold_in(key, count))
         elapsed, ret, length = elapsed + 1, ret + timestep.reward, length + 1
         last = timestep.last() | ((elapsed >= limit) if limit else False)
         zero_f, zero_i = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
         pick = lambda a, b: jax.tree.map(lambda x, y: jnp.where(needs_reset, x, y), a, b)
         state = pick(reset_state, stepped_state)
         elapsed, ret, length = pick((zero_i, zero_f, zero_i), (elapsed, ret, length))
-        return (state, elapsed, ret, length, jnp.where(needs_reset, False, last), key)
+        return (state, elapsed, ret, length, jnp.where(needs_reset, False, last), key, count)
 
     def init(key):
         return jax.vmap(reset_one)(jax.random.split(key, num_envs))

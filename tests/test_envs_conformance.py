@@ -101,10 +101,11 @@ def _make_program(name: str):
     action_spec = bare.action_spec()
 
     def run(key):
-        # AutoReset hands its reset key to the inner environment: start the bare one likewise.
+        # AutoReset's first reset uses fold_in(key, 0) (its documented key scheme): start the
+        # bare environment from the same key.
         reset_key, key = jax.random.split(key)
         state, timestep = wrapped.reset(reset_key)
-        bare_state, bare_timestep = bare.reset(jax.random.split(reset_key)[1])
+        bare_state, bare_timestep = bare.reset(jax.random.fold_in(reset_key, 0))
 
         def body(carry, key):
             state, timestep, bare_state = carry
