@@ -512,6 +512,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             start_update = resumed_from = int(restored.metadata["updates"])
             wall_offset = float(restored.metadata["wall_time"])
 
+    if start_update >= num_updates:
+        return _already_done(config, workdir, checkpointer, learner_state, learner_keys,
+                             run_info, start_update, num_updates, init_seconds)
+
     # COMPILE THE LEARNER
     start = time.perf_counter()
     act, pack = make_actor_functions(agent, len(learner_devices_here))
@@ -813,6 +817,27 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     if workdir and config.get("save_final_params", False) and not interrupted:
         save_params(result.params, os.path.join(workdir, f"final_params.process{process}.npz"))
     return result
+
+
+def _already_done(config: ml_collections.ConfigDict, workdir: str, checkpointer: Checkpointer,
+                  learner_state: Any, learner_keys: jax.Array, run_info: dict[str, Any],
+                  resumed_from: int, num_updates: int, init_seconds: float) -> TrainResult:
+    """The result of rerunning a run whose checkpoint is at or past its end: the restored
+    state and the log, with nothing compiled, started or written."""
+    checkpointer.close()
+    run_info["resumed_from_updates"] = resumed_from
+    history = []
+    if jax.process_index() == 0:
+        history = [r for r in metrics_lib.read_records(workdir)
+                   if r.get("updates", 0) <= resumed_from]
+        print(f"Sebulba: nothing to do: the checkpoint at update {resumed_from:,} in "
+              f"{checkpointer.directory} is at or past the run's end ({num_updates:,} updates "
+              f"of {config.agent.name} on {config.env.task}).", flush=True)
+    return TrainResult(
+        learner_state=learner_state, learner_keys=learner_keys,
+        final_metrics=history[-1] if history else {}, history=history, policy_lags=[],
+        actor_params=[], last_batch=(), run_info=run_info, compile_seconds=init_seconds,
+        run_seconds=0.0, resumed_from_updates=resumed_from)
 
 
 def save_params(params: Any, path: str) -> None:
