@@ -10,17 +10,14 @@ and the three real processes share a JAX compilation cache, so that only the fir
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
+from conftest import checkpoint_steps, start_experiment, wait_until
 
 import anakin
 from experiments.configs import vtrace_catch
 from podracer.checkpoint import load_arrays, read_metadata
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The shape of the other Anakin tests' small runs, so that the in-process reference can reuse
 # the programs they compiled.
 UPDATES_PER_CHUNK = 5
@@ -44,46 +41,22 @@ OVERRIDES = {
 
 
 def _command(workdir):
-    return [sys.executable, "-m", "experiments.anakin",
+    return ["-m", "experiments.anakin",
             "--config=experiments/configs/vtrace_catch.py",
             *(f"--config.{k}={v}" for k, v in OVERRIDES.items()), f"--workdir={workdir}"]
 
 
 def _start(workdir, cache):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["JAX_COMPILATION_CACHE_DIR"] = cache
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    return subprocess.Popen(_command(workdir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return start_experiment(_command(workdir), cache=cache, num_devices=2)
 
 
 def _records(workdir):
     path = os.path.join(workdir, "metrics.jsonl")
     if not os.path.exists(path):
         return []
-    lines = open(path).read().splitlines()
+    with open(path) as f:
+        lines = f.read().splitlines()
     return [json.loads(line) for line in lines if line.endswith("}")]
-
-
-def _steps(workdir):
-    directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
-
-
-def _wait_until(proc, condition, what, timeout=240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended before {what}: {proc.communicate()}")
-        time.sleep(0.02)
-    proc.kill()
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _without_timing(records):
@@ -101,24 +74,24 @@ def test_killed_then_preempted_run_resumes_bit_identical(tmp_path):
         config[key] = value
     result = anakin.train(config, reference)
     assert not result.interrupted and result.resumed_from_updates is None
-    assert _steps(reference)[-1] == final_updates
+    assert checkpoint_steps(reference)[-1] == final_updates
 
     # The same command, killed outright once it has written a checkpoint: whatever it logged
     # after that checkpoint is lost work.
     proc = _start(interrupted, cache)
-    _wait_until(proc, lambda: len(_steps(interrupted)) >= 1 and len(_records(interrupted)) >= 8,
+    wait_until(proc, lambda: len(checkpoint_steps(interrupted)) >= 1 and len(_records(interrupted)) >= 8,
                 "a checkpoint and 8 chunks")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    killed_at = _steps(interrupted)[-1]
+    killed_at = checkpoint_steps(interrupted)[-1]
     assert killed_at < final_updates
 
     # Rerun: it resumes, and is pre-empted (SIGTERM) a few chunks later.
     proc = _start(interrupted, cache)
     # (A checkpoint newer than the one it resumed from shows it is past start-up and into
     # its chunks; the old run's records are still in metrics.jsonl until it rewinds them.)
-    _wait_until(proc, lambda: _steps(interrupted)[-1] > killed_at,
+    wait_until(proc, lambda: checkpoint_steps(interrupted)[-1] > killed_at,
                 "a checkpoint after resuming")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -128,7 +101,7 @@ def test_killed_then_preempted_run_resumes_bit_identical(tmp_path):
     assert "Stopped by signal 15" in out and "rerun the same command to resume" in out
     # SIGTERM saved a checkpoint at the chunk it stopped after, whatever the schedule.
     stopped_at = _records(interrupted)[-1]["updates"]
-    assert _steps(interrupted)[-1] == stopped_at < final_updates
+    assert checkpoint_steps(interrupted)[-1] == stopped_at < final_updates
     assert read_metadata(os.path.join(interrupted, "checkpoints"))["updates"] == stopped_at
 
     # Rerun again: it finishes.
