@@ -48,6 +48,12 @@ def test_shipped_configs_are_valid():
     ({"queue_size": 0}, "queue_size", ["positive"]),
     ({"rollout_length": 0}, "rollout_length", ["positive"]),
     ({"agent.name": "dqn"}, "agent.name", ["vtrace"]),
+    # Checkpoints and evaluation.
+    ({"checkpoint_every_updates": -1}, "checkpoint_every_updates", [">= 0", "-1"]),
+    ({"checkpoint_keep": 0}, "checkpoint_keep", [">= 1"]),
+    ({"eval_every_updates": -5}, "eval_every_updates", ["whole number", "-5"]),
+    ({"eval_episodes": 0}, "eval_episodes", [">= 1"]),
+    ({"eval_max_steps": True}, "eval_max_steps", ["whole number"]),
 ])
 def test_bad_fields_are_named_with_a_fix(overrides, field, words):
     with pytest.raises(ConfigError) as info:
@@ -64,3 +70,11 @@ def test_unknown_envpool_option_is_reported():
         validate(_cartpole(**{"env.kwargs": {"no_such_option": 3}}), num_local_devices=1,
                  num_processes=1)
     assert info.value.field == "env.kwargs"
+
+
+def test_configs_without_the_checkpoint_and_eval_fields_get_their_defaults():
+    config = sebulba_vtrace_cartpole.get_config()
+    for field in ("checkpoint_every_updates", "checkpoint_keep", "eval_every_updates",
+                  "eval_episodes", "eval_max_steps"):
+        del config[field]
+    validate(config, num_local_devices=1, num_processes=1)
