@@ -50,10 +50,6 @@ NEEDS_DOWNLOAD = {
     "gymnax:MNISTBandit-bsuite": "downloads the MNIST data set when built",
     "jumanji:Sokoban-v0": "downloads its level data set when built",
 }
-# Environments whose library fails under the pinned jax, and why (expected failures).
-BROKEN_UPSTREAM = {
-    "brax:swimmer": "brax 0.14.2's swimmer calls jnp.clip(a_min=...), which jax 0.10 removed",
-}
 
 
 def _cases() -> list:
@@ -63,16 +59,7 @@ def _cases() -> list:
             names = [n for n in envs_jax.registered() if n.startswith(namespace + ":")]
         else:
             names = [f"{namespace}:{n}" for n in DEFAULT_ADAPTED[namespace]]
-        cases += [
-            pytest.param(
-                name,
-                id=name,
-                marks=[pytest.mark.xfail(reason=BROKEN_UPSTREAM[name], strict=True)]
-                if name in BROKEN_UPSTREAM
-                else [],
-            )
-            for name in names
-        ]
+        cases += [pytest.param(name, id=name) for name in names]
     return cases
 
 

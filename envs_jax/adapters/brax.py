@@ -10,9 +10,10 @@ final observation. `make(name, episode_length=N)` changes it (0 for none); other
 arguments go to the brax environment's constructor (e.g. `backend="mjx"`).
 
 brax itself warns that its environments are no longer actively maintained (MuJoCo Playground
-is their successor); compiling one takes 1-5 minutes on a 2-core CPU. `brax:swimmer` fails
-inside brax 0.14.2 under jax 0.10 (`jnp.clip(a_min=...)`, removed from jax); the other 11
-pass the conformance suite.
+is their successor); compiling one takes 1-5 minutes on a 2-core CPU. brax 0.14.2 (the newest
+release) calls `jnp.clip(x, a_min=...)` in its fluid model (`brax.fluid`, used by
+`brax:swimmer`); jax 0.10 removed those keywords. `_patch_brax_fluid` gives that one module a
+`jnp` whose `clip` also takes them, leaving `jax.numpy` itself untouched.
 """
 
 from __future__ import annotations
@@ -37,8 +38,30 @@ def names() -> list[str]:
     return sorted(envs._envs)
 
 
+class _ClipKeywordsCompat:
+    """`jax.numpy`, but `clip` also accepts the `a_min`/`a_max` keywords jax 0.10 removed."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(jnp, name)
+
+    @staticmethod
+    def clip(
+        x: Array, min: Any = None, max: Any = None, *, a_min: Any = None, a_max: Any = None
+    ) -> Array:
+        return jnp.clip(x, a_min if min is None else min, a_max if max is None else max)
+
+
+def _patch_brax_fluid() -> None:
+    from brax import fluid
+
+    if fluid.jp is jnp:
+        fluid.jp = _ClipKeywordsCompat()
+
+
 def make(name: str, *, episode_length: int = EPISODE_LENGTH, **kwargs: Any) -> Environment:
     from envs_jax.wrappers import TimeLimit
+
+    _patch_brax_fluid()
 
     env = BraxEnv(name, **kwargs)
     return TimeLimit(env, episode_length) if episode_length else env
