@@ -21,7 +21,7 @@ import pytest
 from conftest import checkpoint_steps, start_experiment, wait_until
 
 import sebulba
-from experiments.configs import muzero_cartpole, sebulba_vtrace_cartpole
+from experiments.configs import muzero_cartpole
 from podracer.agent import Agent
 from podracer.checkpoint import load_arrays, read_metadata
 from podracer.config import ConfigError
@@ -73,7 +73,9 @@ OVERRIDES = {
     "total_env_steps": NUM_UPDATES * STEPS_PER_UPDATE,
     "log_every_updates": LOG_EVERY,
     "checkpoint_every_updates": 20,
-    "eval_every_updates": 0,
+    "eval_every_updates": 20,
+    "eval_episodes": 4,
+    "eval_max_steps": 50,
 }
 
 
@@ -138,19 +140,46 @@ def test_killed_then_preempted_run_resumes_where_its_checkpoints_left_off(tmp_pa
     firsts = {0, killed_at, stopped_at}  # 0-based positions of updates 1, u + 1, u' + 1
     assert [i for i, lag in enumerate(lags) if lag == 0] == sorted(firsts)
     assert all(lag == 1 for i, lag in enumerate(lags) if i not in firsts)
+    # Greedy evaluations every 20 updates; CartPole scores 1 per step and they stop at 50.
+    evaluated = [r for r in records if "eval_return" in r]
+    assert [r["updates"] for r in evaluated] == list(range(20, NUM_UPDATES + 1, 20))
+    for record in evaluated:
+        assert 1 <= record["eval_return"] <= 50 and record["eval_return_std"] >= 0
+        assert 0 <= record["eval_finished"] <= 1
     # TensorBoard hides what the killed process logged after its checkpoint.
     from tensorboard.backend.event_processing import event_accumulator
 
     reader = event_accumulator.EventAccumulator(workdir)
     reader.Reload()
     assert [e.step for e in reader.Scalars("loss")] == [r["env_steps"] for r in records]
+    evals = reader.Scalars("eval_return")
+    assert [e.step for e in evals] == [r["env_steps"] for r in evaluated]
+    np.testing.assert_allclose([e.value for e in evals],
+                               [r["eval_return"] for r in evaluated], rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------
-# In process: SIGTERM, the saved state restored exactly, evaluations in the log.
+# In process, with MuZero (whose learner state holds a replay buffer): SIGTERM, and the saved
+# state restored exactly.
 
 STOP_SIGNAL_AT = 10  # the record after which the run sends itself SIGTERM
-EVAL_EVERY = 5
+
+
+def _tiny_muzero(**overrides):
+    config = _small(muzero_cartpole.get_config(), **overrides)
+    agent = config.agent
+    agent.search = "muzero"  # compiles faster than Gumbel search
+    agent.num_simulations = 2
+    agent.unroll_steps = 1
+    agent.td_steps = 2
+    agent.support_size = 3
+    agent.hidden_sizes = (16,)
+    agent.latent_size = 16
+    agent.batch_size = 8
+    agent.replay_capacity = 128
+    agent.min_replay_items = 8  # learns from the first update on
+    agent.updates_per_step = 1
+    return config
 
 
 @pytest.fixture(scope="module")
@@ -158,9 +187,8 @@ def preempted(tmp_path_factory):
     """A run that sends itself SIGTERM while logging update 10 (from the learner thread) and
     waits for the handler: the learner sees the flag after its next update, 11."""
     workdir = str(tmp_path_factory.mktemp("preempted"))
-    config = _small(sebulba_vtrace_cartpole.get_config(), total_env_steps=60 * STEPS_PER_UPDATE,
-                    log_every_updates=5, checkpoint_every_updates=0,
-                    eval_every_updates=EVAL_EVERY, eval_episodes=4, eval_max_steps=50)
+    config = _tiny_muzero(total_env_steps=60 * STEPS_PER_UPDATE, log_every_updates=5,
+                          checkpoint_every_updates=0, eval_every_updates=0)
 
     def log_fn(record):
         if record["updates"] == STOP_SIGNAL_AT:
@@ -178,30 +206,16 @@ def test_sigterm_stops_after_the_next_update_with_a_checkpoint(preempted):
     assert checkpoint_steps(workdir) == [stopped_at]  # checkpoint_every_updates=0: only this
     assert int(jax.device_get(result.learner_state.updates)[0]) == stopped_at
     assert result.checkpoint_seconds > 0
-    # What was saved is the state the run stopped with.
+    # What was saved is the state the run stopped with, MuZero's replay buffer included: one
+    # item per environment per update, 11 x 8 = 88 of its 128 slots.
+    replay = result.learner_state.replay
+    assert jax.device_get(replay.size).tolist() == [stopped_at * ENVS]
     saved, meta = load_arrays(os.path.join(workdir, "checkpoints"))
     assert meta["updates"] == stopped_at and meta["num_processes"] == 1
+    assert meta["env_steps"] == stopped_at * STEPS_PER_UPDATE
+    _assert_bitwise_equal(saved["learner_state"]["replay"], replay)
     _assert_bitwise_equal(saved, {"learner_state": result.learner_state,
                                   "learner_keys": result.learner_keys})
-
-
-def test_evaluations_are_logged_to_metrics_jsonl_and_tensorboard(preempted):
-    from tensorboard.backend.event_processing import event_accumulator
-
-    _, workdir, result = preempted
-    records = read_records(workdir)
-    assert ["eval_return" in r for r in records] == [True, True, False]
-    for record in records[:2]:
-        # CartPole scores 1 per step and the evaluation stops after 50 steps.
-        assert 1 <= record["eval_return"] <= 50 and record["eval_return_std"] >= 0
-        assert 0 <= record["eval_finished"] <= 1
-    assert result.eval_seconds > 0
-    reader = event_accumulator.EventAccumulator(workdir)
-    reader.Reload()
-    evals = reader.Scalars("eval_return")
-    assert [e.step for e in evals] == [u * STEPS_PER_UPDATE for u in (5, 10)]
-    np.testing.assert_allclose([e.value for e in evals],
-                               [r["eval_return"] for r in records[:2]], rtol=1e-6)
 
 
 def test_rerun_restores_the_saved_learner_state_bit_for_bit(preempted):
@@ -214,6 +228,7 @@ def test_rerun_restores_the_saved_learner_state_bit_for_bit(preempted):
     restored = sebulba.train(config, workdir)
     assert restored.resumed_from_updates == stopped_at and not restored.interrupted
     assert restored.run_seconds == 0.0
+    _assert_bitwise_equal(restored.learner_state.replay, result.learner_state.replay)
     _assert_bitwise_equal(restored.learner_state, result.learner_state)
     _assert_bitwise_equal(restored.learner_keys, result.learner_keys)
     assert [r["updates"] for r in restored.history] == [5, 10, stopped_at]
@@ -222,10 +237,10 @@ def test_rerun_restores_the_saved_learner_state_bit_for_bit(preempted):
 def test_a_checkpoint_made_with_another_config_is_not_resumed(preempted):
     config, workdir, _ = preempted
     config = config.copy_and_resolve_references()
-    config.agent.learning_rate = 3e-4
+    config.agent.num_simulations = 3
     with pytest.raises(ConfigError) as info:
         sebulba.train(config, workdir)
-    assert info.value.field == "agent.learning_rate"
+    assert info.value.field == "agent.num_simulations"
     assert "use a new --workdir" in str(info.value)
 
 
@@ -287,40 +302,3 @@ def test_evaluation_plays_one_episode_per_environment_up_to_max_steps():
     assert out["eval_return_std"] == pytest.approx(expected.std())
     assert out["eval_length"] == out["eval_return"]
     assert set(seen) == {True}  # the greedy/deterministic policy
-
-
-# ---------------------------------------------------------------------------------------------
-# MuZero: the replay buffer is part of the checkpoint
-
-
-def test_muzero_checkpoint_holds_the_replay_buffer_and_restores_it(tmp_path):
-    workdir = str(tmp_path)
-    config = _small(muzero_cartpole.get_config(), total_env_steps=6 * STEPS_PER_UPDATE,
-                    log_every_updates=3, checkpoint_every_updates=3, eval_every_updates=0)
-    config.agent.search = "muzero"  # compiles faster than Gumbel search
-    config.agent.num_simulations = 2
-    config.agent.unroll_steps = 1
-    config.agent.td_steps = 2
-    config.agent.support_size = 3
-    config.agent.hidden_sizes = (16,)
-    config.agent.latent_size = 16
-    config.agent.batch_size = 8
-    config.agent.replay_capacity = 64
-    config.agent.min_replay_items = 8
-    config.agent.updates_per_step = 1
-    result = sebulba.train(config, workdir)
-    assert checkpoint_steps(workdir) == [3, 6]
-    replay = result.learner_state.replay
-    # One replay item per environment per update: 6 x 8 = 48 of the 64 slots.
-    assert jax.device_get(replay.size).tolist() == [48]
-    saved, meta = load_arrays(os.path.join(workdir, "checkpoints"))
-    assert meta["updates"] == 6
-    _assert_bitwise_equal(saved["learner_state"]["replay"], replay)
-
-    # Rerun: the checkpoint is the run's end, so it returns what it restored, replay included.
-    restored = sebulba.train(config, workdir)
-    assert restored.resumed_from_updates == 6 and restored.run_seconds == 0.0
-    _assert_bitwise_equal(restored.learner_state.replay, replay)
-    _assert_bitwise_equal(restored.learner_state, result.learner_state)
-    _assert_bitwise_equal(restored.learner_keys, result.learner_keys)
-    assert restored.history == read_records(workdir) and len(restored.history) == 2
