@@ -10,16 +10,23 @@ a `vmap` over B environments, uniformly random actions drawn the same way) are t
 - envs_jax: `envs_jax.wrap_for_training(envs_jax.make(name))`: the adapter (if any), the
   standard time limit (if any), episode statistics and automatic reset as the runners use it.
 
-Overhead = envs_jax time / direct time - 1 (target <= 10%). Both are measured in this run,
-after compilation, as the best of `--repeats` calls, interleaved in alternating order. "bare" is
-the environment's `step` alone with no reset at all (native environments): a lower bound.
+Overhead = envs_jax time / direct time - 1 (target <= 10%). Both are measured in the same
+process, after compilation, as the best of `--repeats` calls, interleaved in alternating order.
+"bare" is the environment's `step` alone with no reset at all (native environments): a lower
+bound. On the CPU the speed of one compiled program differs from process to process by up to
+±20% (pgx's MinAtar most of all), more than the effect measured, so the measurement is repeated
+in `--processes` fresh processes and the medians are printed, with the overhead's range.
 
     python -m experiments.benchmark_envs [--envs=catch,CartPole-v1] [--num_envs=1024]
 """
 
 from __future__ import annotations
 
+import json
 import platform
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +53,10 @@ _ENVS = flags.DEFINE_list(
 _NUM_ENVS = flags.DEFINE_integer("num_envs", 1024, "B: environments in the vmapped batch.")
 _NUM_STEPS = flags.DEFINE_integer("num_steps", 100, "T: steps per timed call (one scan).")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per program (best is kept).")
+_PROCESSES = flags.DEFINE_integer(
+    "processes", 3, "Fresh processes that each measure every environment; medians are printed."
+)
+_RESULT = "RESULT "  # prefix of a child process's machine-readable lines
 
 Carry = Any
 
@@ -207,39 +218,80 @@ def _time(programs: dict[str, tuple[Carry, Callable]], repeats: int) -> dict[str
     return best
 
 
+def _measure(name: str, num_envs: int, num_steps: int, repeats: int) -> dict[str, float]:
+    """Steps per second of each program for one environment, in this process."""
+    sep = ":" in name
+    num_actions = envs_jax.make(name).action_spec().num_values
+    programs = {
+        "direct": _scan_program(*_direct(name, num_envs), num_actions, num_envs, num_steps),
+        "ours": _scan_program(*_ours(name, num_envs), num_actions, num_envs, num_steps),
+    }
+    if not sep:
+        programs["bare"] = _scan_program(
+            *_native_bare(name, num_envs), num_actions, num_envs, num_steps
+        )
+    seconds = _time(programs, repeats)
+    return {label: num_envs * num_steps / s for label, s in seconds.items()}
+
+
+def _child_results(names: list[str]) -> list[dict[str, dict[str, float]]]:
+    """Runs this benchmark in `--processes` fresh processes; their rates, per environment."""
+    args = [
+        f"--envs={','.join(names)}",
+        f"--num_envs={_NUM_ENVS.value}",
+        f"--num_steps={_NUM_STEPS.value}",
+        f"--repeats={_REPEATS.value}",
+        "--processes=0",
+    ]
+    results = []
+    for i in range(_PROCESSES.value):
+        out = subprocess.run(
+            [sys.executable, "-m", "experiments.benchmark_envs", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        lines = [line[len(_RESULT) :] for line in out.splitlines() if line.startswith(_RESULT)]
+        results.append(json.loads(lines[-1]))
+        print(f"  process {i + 1}/{_PROCESSES.value} done", flush=True)
+    return results
+
+
 def main(argv: list[str]) -> None:
     del argv
     num_envs, num_steps = _NUM_ENVS.value, _NUM_STEPS.value
-    print(
-        f"envs_jax benchmark: B={num_envs} envs x T={num_steps} steps per call, best of "
-        f"{_REPEATS.value}; jax {jax.__version__}, {jax.devices()[0].platform}, "
-        f"{platform.processor() or platform.machine()}",
-        flush=True,
-    )
-    print(
-        f"{'environment':28s} {'direct steps/s':>15s} {'envs_jax steps/s':>17s} "
-        f"{'overhead':>9s} {'bare steps/s':>13s}"
-    )
+    names = []
     for name in _ENVS.value:
         namespace, sep, _ = name.partition(":")
         if sep and not registry.installed(namespace):
             print(f"{name:28s} skipped: install the '{namespace}' extra")
-            continue
-        num_actions = envs_jax.make(name).action_spec().num_values
-        programs = {
-            "direct": _scan_program(*_direct(name, num_envs), num_actions, num_envs, num_steps),
-            "ours": _scan_program(*_ours(name, num_envs), num_actions, num_envs, num_steps),
-        }
-        if not sep:
-            programs["bare"] = _scan_program(
-                *_native_bare(name, num_envs), num_actions, num_envs, num_steps
-            )
-        seconds = _time(programs, _REPEATS.value)
-        rate = {label: num_envs * num_steps / s for label, s in seconds.items()}
-        overhead = seconds["ours"] / seconds["direct"] - 1
-        bare = f"{rate['bare']:13,.0f}" if "bare" in rate else f"{'-':>13s}"
+        else:
+            names.append(name)
+    if _PROCESSES.value == 0:  # a child: measure, report, nothing else
+        rates = {name: _measure(name, num_envs, num_steps, _REPEATS.value) for name in names}
+        print(_RESULT + json.dumps(rates), flush=True)
+        return
+    print(
+        f"envs_jax benchmark: B={num_envs} envs x T={num_steps} steps per call, best of "
+        f"{_REPEATS.value} calls, median of {_PROCESSES.value} processes; jax {jax.__version__}, "
+        f"{jax.devices()[0].platform}, {platform.processor() or platform.machine()}",
+        flush=True,
+    )
+    results = _child_results(names)
+    print(
+        f"{'environment':28s} {'direct steps/s':>15s} {'envs_jax steps/s':>17s} "
+        f"{'overhead':>9s} {'(range)':>17s} {'bare steps/s':>13s}"
+    )
+    for name in names:
+        runs = [r[name] for r in results]
+        median = {label: statistics.median(r[label] for r in runs) for label in runs[0]}
+        overheads = sorted(r["direct"] / r["ours"] - 1 for r in runs)
+        overhead = statistics.median(overheads)
+        spread = f"{overheads[0]:+.1%}..{overheads[-1]:+.1%}"
+        bare = f"{median['bare']:13,.0f}" if "bare" in median else f"{'-':>13s}"
         print(
-            f"{name:28s} {rate['direct']:15,.0f} {rate['ours']:17,.0f} {overhead:+9.1%} {bare}",
+            f"{name:28s} {median['direct']:15,.0f} {median['ours']:17,.0f} {overhead:+9.1%} "
+            f"{spread:>17s} {bare}",
             flush=True,
         )
 
