@@ -17,6 +17,7 @@ SMALL = {
     "anakin_quickstart.ipynb": "TOTAL_ENV_STEPS = 12_800\nNUM_ENVS = 32\nUPDATES_PER_CHUNK = 5\n",
     "sebulba_quickstart.ipynb":
         "TOTAL_ENV_STEPS = 15_360\nENVS_PER_ACTOR_THREAD = 48\nLOG_EVERY_UPDATES = 5\n",
+    "muzero_quickstart.ipynb": "TOTAL_ENV_STEPS = 3_200\nNUM_SIMULATIONS = 4\nUPDATES_PER_CHUNK = 5\n",
 }
 
 
