@@ -11,7 +11,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, Self, TextIO
 
 import ml_collections
 import numpy as np
@@ -60,7 +60,7 @@ class MetricsWriter:
         if workdir:
             os.makedirs(workdir, exist_ok=True)
             self.path = os.path.join(workdir, "metrics.jsonl")
-            self._file = open(self.path, "a", buffering=1)
+            self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed by close()
             if tensorboard:
                 self._tensorboard = _tensorboard_writer(workdir, resume_env_steps)
 
@@ -91,10 +91,10 @@ class MetricsWriter:
             self._progress.close()
             self._progress = None
 
-    def __enter__(self) -> "MetricsWriter":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -194,16 +194,50 @@ class Progress:
             self._drawn = False
 
 
-def _tensorboard_writer(logdir: str, resume_env_steps: int | None) -> Any:
+class _EventFile:
+    """A TensorBoard event file written synchronously: `flush` returns once the events are on
+    disk. (tensorboardX's `SummaryWriter` queues events for a background thread, and its `flush`
+    does not wait for that queue, so a process killed just after logging lost them.)"""
+
+    def __init__(self, logdir: str, purge_step: int | None):
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.summary import scalar
+
+        self._event, self._scalar = Event, scalar
+        # tensorboardX names the file by the second and opens it with "wb": the suffix keeps two
+        # writers started within one second (a rerun of a finished run) from clobbering each
+        # other, and keeps the names in the order they were made.
+        self._writer = EventsWriter(os.path.join(logdir, "events"),
+                                    f".{time.time_ns()}.{os.getpid()}")
+        if purge_step is not None:
+            # A session start at step T: TensorBoard hides events at steps >= T in earlier files.
+            self._writer.write_event(Event(step=purge_step, wall_time=time.time(),
+                                           session_log=SessionLog(status=SessionLog.START)))
+        self.flush()
+
+    def add_scalar(self, tag: str, value: float, global_step: int) -> None:
+        event = self._event(wall_time=time.time(), step=int(global_step),
+                            summary=self._scalar(tag, value))
+        self._writer.write_event(event)
+
+    def flush(self) -> None:
+        self._writer.flush()  # flushes and fsyncs the file
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _tensorboard_writer(logdir: str, resume_env_steps: int | None) -> _EventFile | None:
     try:
-        from tensorboardX import SummaryWriter
+        import tensorboardX  # noqa: F401
     except ImportError:
         logging.warning("tensorboardX is not installed: no TensorBoard event files in %s.",
                         logdir)
         return None
-    # purge_step makes TensorBoard hide what an interrupted run logged after its checkpoint.
+    # The purge step makes TensorBoard hide what an interrupted run logged after its checkpoint.
     purge = resume_env_steps + 1 if resume_env_steps is not None else None
-    return SummaryWriter(logdir=logdir, purge_step=purge, flush_secs=30)
+    return _EventFile(logdir, purge)
 
 
 def read_records(workdir: str) -> list[dict[str, Any]]:

@@ -103,6 +103,26 @@ def test_progress_elsewhere_is_plain_lines_with_an_eta():
     assert "eta=0:" in line and "\r" not in stream.getvalue()
 
 
+def test_tensorboard_events_are_on_disk_once_written(tmp_path):
+    """A record written is readable before the writer is closed (a process killed right after
+    logging loses nothing), and two writers made within one second keep separate files."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    first = metrics.MetricsWriter(str(tmp_path), total_env_steps=100)
+    for step in (10, 20, 30):
+        first.write({"env_steps": step, "updates": step // 10, "loss": step / 10})
+    # Resumed from a checkpoint at env step 20 while the first writer is still open: TensorBoard
+    # hides the first writer's step 30, which the resumed run logs again.
+    second = metrics.MetricsWriter(str(tmp_path), total_env_steps=100, resume_env_steps=20)
+    second.write({"env_steps": 30, "updates": 3, "loss": 7.0})
+    reader = event_accumulator.EventAccumulator(str(tmp_path))
+    reader.Reload()
+    assert [(e.step, e.value) for e in reader.Scalars("loss")] == [(10, 1.0), (20, 2.0),
+                                                                   (30, 7.0)]
+    first.close()
+    second.close()
+
+
 def _oracle_agent() -> Agent:
     """Greedy: moves the paddle under the ball. Otherwise: always left."""
 
