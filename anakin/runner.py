@@ -540,8 +540,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             where = ("no --workdir, so no checkpoint" if checkpointer is None else
                      f"checkpoint saved at update {saved_chunks * config.updates_per_chunk:,} "
                      f"in {checkpointer.directory}; rerun the same command to resume")
-            print(f"Stopped by signal {preemption.received} after "
-                  f"{final.get('env_steps', 0):,} env steps: {where}.", flush=True)
+            by = (f"signal {preemption.received}" if preemption.received is not None
+                  else "a signal to another process of the run")
+            print(f"Stopped by {by} after {final.get('env_steps', 0):,} env steps: {where}.",
+                  flush=True)
         else:
             print(f"Done: {final.get('env_steps', 0):,} env steps in {run_seconds:.1f}s "
                   f"(+{compile_seconds:.1f}s compile, {checkpoint_seconds:.1f}s checkpoints, "

@@ -111,7 +111,7 @@ def format_progress(record: dict[str, Any]) -> str:
         return f"{key}={value}"
 
     keys = [k for k in MetricsWriter.PROGRESS_KEYS if k in record]
-    keys += [k for k in ("loss", "entropy", "policy_lag") if k in record]
+    keys += [k for k in ("eval_return", "loss", "entropy", "policy_lag") if k in record]
     return "  ".join(fmt(k, record[k]) for k in keys)
 
 

@@ -101,6 +101,15 @@ def test_progress_elsewhere_is_plain_lines_with_an_eta():
     (line,) = stream.getvalue().splitlines()
     assert line.startswith("env_steps=50  updates=1  episode_return=0.5  sps=10")
     assert "eta=0:" in line and "\r" not in stream.getvalue()
+    assert "eval_return" not in line  # shown only where there was an evaluation
+
+
+def test_progress_lines_show_evaluations():
+    stream = io.StringIO()
+    writer = metrics.MetricsWriter(None, stream=stream, total_env_steps=100)
+    writer.write({"env_steps": 50, "updates": 1, "episode_return": 0.5, "eval_return": 0.875})
+    writer.close()
+    assert "eval_return=0.875" in stream.getvalue()
 
 
 def test_tensorboard_events_are_on_disk_once_written(tmp_path):
