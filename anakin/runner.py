@@ -536,19 +536,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                else histories[0])
     final = history[-1] if history else {}
     if is_main:
-        if interrupted:
-            where = ("no --workdir, so no checkpoint" if checkpointer is None else
-                     f"checkpoint saved at update {saved_chunks * config.updates_per_chunk:,} "
-                     f"in {checkpointer.directory}; rerun the same command to resume")
-            by = (f"signal {preemption.received}" if preemption.received is not None
-                  else "a signal to another process of the run")
-            print(f"Stopped by {by} after {final.get('env_steps', 0):,} env steps: {where}.",
-                  flush=True)
-        else:
-            print(f"Done: {final.get('env_steps', 0):,} env steps in {run_seconds:.1f}s "
-                  f"(+{compile_seconds:.1f}s compile, {checkpoint_seconds:.1f}s checkpoints, "
-                  f"{eval_seconds:.1f}s evaluation); final mean episode return "
-                  f"{final.get('episode_return', float('nan')):.3f}", flush=True)
+        metrics_lib.print_end_of_run(
+            final, interrupted=interrupted, signal_received=preemption.received,
+            checkpoint_directory=None if checkpointer is None else checkpointer.directory,
+            saved_update=saved_chunks * config.updates_per_chunk, run_seconds=run_seconds,
+            compile_seconds=compile_seconds, checkpoint_seconds=checkpoint_seconds,
+            eval_seconds=eval_seconds)
     return TrainResult(state=state, final_metrics=final, history=history,
                        compile_seconds=compile_seconds, run_seconds=run_seconds,
                        run_histories=histories, interrupted=interrupted,

@@ -115,6 +115,27 @@ def format_progress(record: dict[str, Any]) -> str:
     return "  ".join(fmt(k, record[k]) for k in keys)
 
 
+def print_end_of_run(final: dict[str, Any], *, interrupted: bool, signal_received: int | None,
+                     checkpoint_directory: str | None, saved_update: int | None,
+                     run_seconds: float, compile_seconds: float, checkpoint_seconds: float,
+                     eval_seconds: float) -> None:
+    """The line a runner prints when it ends: done, with its timings, or stopped by a signal
+    (this process's, or one sent to another process of the run) and where to resume from."""
+    steps = final.get("env_steps", 0)
+    if interrupted:
+        where = ("no --workdir, so no checkpoint" if checkpoint_directory is None else
+                 f"checkpoint saved at update {saved_update:,} in {checkpoint_directory}; "
+                 "rerun the same command to resume")
+        by = (f"signal {signal_received}" if signal_received is not None
+              else "a signal to another process of the run")
+        print(f"Stopped by {by} after {steps:,} env steps: {where}.", flush=True)
+    else:
+        print(f"Done: {steps:,} env steps in {run_seconds:.1f}s (+{compile_seconds:.1f}s "
+              f"compile, {checkpoint_seconds:.1f}s checkpoints, {eval_seconds:.1f}s evaluation); "
+              f"final mean episode return {final.get('episode_return', float('nan')):.3f}",
+              flush=True)
+
+
 def _format_duration(seconds: float) -> str:
     seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
