@@ -539,7 +539,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         metrics_lib.print_end_of_run(
             final, interrupted=interrupted, signal_received=preemption.received,
             checkpoint_directory=None if checkpointer is None else checkpointer.directory,
-            saved_update=saved_chunks * config.updates_per_chunk, run_seconds=run_seconds,
+            saved_update=(None if saved_chunks is None
+                          else saved_chunks * config.updates_per_chunk), run_seconds=run_seconds,
             compile_seconds=compile_seconds, checkpoint_seconds=checkpoint_seconds,
             eval_seconds=eval_seconds)
     return TrainResult(state=state, final_metrics=final, history=history,
