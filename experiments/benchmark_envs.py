@@ -16,6 +16,9 @@ process, after compilation, as the best of `--repeats` calls, interleaved in alt
 bound. On the CPU the speed of one compiled program differs from process to process by up to
 ±20% (pgx's MinAtar most of all), more than the effect measured, so the measurement is repeated
 in `--processes` fresh processes and the medians are printed, with the overhead's range.
+The last two columns do not vary: XLA's cost analysis of one compiled vmapped step of each
+program (floating-point operations and bytes accessed), envs_jax against direct, telling a
+program that does more work from one that merely ran slower in these processes.
 
     python -m experiments.benchmark_envs [--envs=catch,CartPole-v1] [--num_envs=1024]
 """
@@ -80,6 +83,22 @@ def _scan_program(
 
     carry = jax.jit(init)(jax.random.PRNGKey(0))
     return carry, jax.jit(run, donate_argnums=0)
+
+
+def _step_work(
+    init: Callable[[jax.Array], Carry], step: Callable[[Carry, jax.Array], Carry], num_envs: int
+) -> dict[str, float]:
+    """XLA's own count of one compiled vmapped step's work, per environment: floating-point
+    operations and bytes read and written. Unlike a timing it is the same in every process,
+    so it shows whether a program does more work or only ran slower this time."""
+    carry = jax.eval_shape(init, jax.random.PRNGKey(0))
+    actions = jax.ShapeDtypeStruct((num_envs,), jnp.int32)
+    cost = jax.jit(step).lower(carry, actions).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost  # a list in older JAX releases
+    return {
+        "flops": float(cost.get("flops", 0.0)) / num_envs,
+        "bytes": float(cost.get("bytes accessed", 0.0)) / num_envs,
+    }
 
 
 def _ours(name: str, num_envs: int):
@@ -222,16 +241,21 @@ def _measure(name: str, num_envs: int, num_steps: int, repeats: int) -> dict[str
     """Steps per second of each program for one environment, in this process."""
     sep = ":" in name
     num_actions = envs_jax.make(name).action_spec().num_values
+    direct, ours = _direct(name, num_envs), _ours(name, num_envs)
     programs = {
-        "direct": _scan_program(*_direct(name, num_envs), num_actions, num_envs, num_steps),
-        "ours": _scan_program(*_ours(name, num_envs), num_actions, num_envs, num_steps),
+        "direct": _scan_program(*direct, num_actions, num_envs, num_steps),
+        "ours": _scan_program(*ours, num_actions, num_envs, num_steps),
     }
     if not sep:
         programs["bare"] = _scan_program(
             *_native_bare(name, num_envs), num_actions, num_envs, num_steps
         )
     seconds = _time(programs, repeats)
-    return {label: num_envs * num_steps / s for label, s in seconds.items()}
+    rates = {label: num_envs * num_steps / s for label, s in seconds.items()}
+    work = {
+        label: _step_work(*fns, num_envs) for label, fns in (("direct", direct), ("ours", ours))
+    }
+    return {**rates, "work": work}
 
 
 def _child_results(names: list[str]) -> list[dict[str, dict[str, float]]]:
@@ -280,18 +304,26 @@ def main(argv: list[str]) -> None:
     results = _child_results(names)
     print(
         f"{'environment':28s} {'direct steps/s':>15s} {'envs_jax steps/s':>17s} "
-        f"{'overhead':>9s} {'(range)':>17s} {'bare steps/s':>13s}"
+        f"{'overhead':>9s} {'(range)':>17s} {'bare steps/s':>13s} "
+        f"{'work: flops':>12s} {'bytes':>7s}"
     )
     for name in names:
         runs = [r[name] for r in results]
-        median = {label: statistics.median(r[label] for r in runs) for label in runs[0]}
+        work = runs[0]["work"]
+        median = {
+            label: statistics.median(r[label] for r in runs) for label in runs[0] if label != "work"
+        }
         overheads = sorted(r["direct"] / r["ours"] - 1 for r in runs)
         overhead = statistics.median(overheads)
         spread = f"{overheads[0]:+.1%}..{overheads[-1]:+.1%}"
         bare = f"{median['bare']:13,.0f}" if "bare" in median else f"{'-':>13s}"
+        extra = {
+            key: work["ours"][key] / work["direct"][key] - 1 if work["direct"][key] else 0.0
+            for key in ("flops", "bytes")
+        }
         print(
             f"{name:28s} {median['direct']:15,.0f} {median['ours']:17,.0f} {overhead:+9.1%} "
-            f"{spread:>17s} {bare}",
+            f"{spread:>17s} {bare} {extra['flops']:+12.1%} {extra['bytes']:+7.1%}",
             flush=True,
         )
 
