@@ -43,12 +43,11 @@ import numpy as np
 import agents
 import envs_jax
 from anakin.config import Run, option, sweep_runs, validate
-from podracer import checkpoint as checkpoint_lib
+from podracer import distributed, faults, replication
 from podracer import metrics as metrics_lib
-from podracer import replication
+from podracer import workdir as workdir_lib
 from podracer.agent import Agent
-from podracer.checkpoint import Checkpointer, Preemption
-from podracer.metrics import MetricsWriter
+from podracer.checkpoint import Checkpointer, Preemption, state_layout
 from podracer.types import DEVICE_AXIS, Metrics, Params, PRNGKey, Trajectory
 
 
@@ -97,6 +96,10 @@ def make_rollout(agent: Agent, env: envs_jax.Environment, rollout_length: int) -
     return rollout
 
 
+_FINITE = "_finite"
+FIRST_NONFINITE = "first_nonfinite_update"  # a chunk metric, not logged: see `train`
+
+
 def make_programs(agent: Agent, env: envs_jax.Environment, *, envs_per_device: int,
                   rollout_length: int, updates_per_chunk: int,
                   axis_name: str | None = DEVICE_AXIS) -> tuple[Callable, Callable]:
@@ -128,21 +131,26 @@ def make_programs(agent: Agent, env: envs_jax.Environment, *, envs_per_device: i
         learner_state, metrics = agent.learner_step(
             state.learner_state, trajectory, learn_key, axis_name=axis_name
         )
+        finite = faults.all_finite(metrics, agent.actor_params(learner_state))
         # Timesteps o_1 .. o_T are new in this rollout (o_0 was the previous one's o_T).
         new_timesteps = jax.tree.map(lambda x: x[1:], trajectory.timestep)
-        metrics = {**metrics, **episode_statistics(new_timesteps)}
+        metrics = {**metrics, **episode_statistics(new_timesteps), _FINITE: finite}
         state = RunnerState(learner_state=learner_state, actor_state=actor_state,
                             env_state=env_state, timestep=timestep, key=key)
         return state, metrics
 
     def chunk(state: RunnerState) -> tuple[RunnerState, Metrics]:
         state, metrics = jax.lax.scan(update, state, length=updates_per_chunk)
+        # The first update (0-based, within the chunk) whose loss or parameters are not
+        # finite on any device; `updates_per_chunk` when all are.
+        first_bad = faults.first_false(metrics.pop(_FINITE))
         counts = {k: jnp.sum(metrics.pop(k)) for k in list(metrics) if k.startswith("episode")}
         means = jax.tree.map(jnp.mean, metrics)
         if axis_name is not None:
             counts = jax.lax.psum(counts, axis_name)
             means = jax.lax.pmean(means, axis_name)
-        return state, {**means, **counts}
+            first_bad = jax.lax.pmin(first_bad, axis_name)
+        return state, {**means, **counts, FIRST_NONFINITE: first_bad}
 
     return init, chunk
 
@@ -213,7 +221,7 @@ class TrainResult:
 
 
 # Fields that may change between an interrupted run and its resumption (shared with Sebulba).
-RESUMABLE_CHANGES = checkpoint_lib.RESUMABLE_CHANGES
+RESUMABLE_CHANGES = workdir_lib.RESUMABLE_CHANGES
 _EVAL_STREAM = 0x5EED  # folded into a run's seed for its evaluation keys, apart from training's
 
 
@@ -299,7 +307,8 @@ class _Programs:
 
 # Fields that only reach the compiled programs as inputs, or not at all.
 _NOT_COMPILED = ("seed", "total_env_steps", "checkpoint_every_updates", "checkpoint_keep",
-                 "eval_every_updates", "eval_episodes", "eval_max_steps")
+                 "eval_every_updates", "eval_episodes", "eval_max_steps",
+                 "resume_allow_changes")
 _PROGRAMS: dict[str, _Programs] = {}
 _PROGRAMS_KEPT = 4
 
@@ -361,14 +370,22 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
           log_fn: Callable[[dict], None] | None = None) -> TrainResult:
     """Runs an Anakin experiment to `config.total_env_steps` and returns its final state.
 
-    Without a workdir it only prints progress. With one (process 0 writes): metrics.jsonl and
-    TensorBoard event files (per run, in `run_<i>/`, for a sweep), config.json/config.yaml,
-    and checkpoints in `<workdir>/checkpoints`, from which a later call with the same workdir
-    resumes. SIGTERM stops the run after the chunk in flight, with a checkpoint saved, and
-    returns a result with `interrupted=True`. `log_fn` gets every record (a sweep's carry
-    their `run` index).
+    Joins a `jax.distributed` run first if launched as one (see `podracer.distributed`): the
+    program is then replicated over the devices of every process, gradients are averaged
+    across all of them, and only process 0 writes records. Without a workdir it only prints
+    progress. With one: metrics.jsonl and TensorBoard event files (per run, in `run_<i>/`, for
+    a sweep), config.json/config.yaml, and checkpoints in `<workdir>/checkpoints`, from which
+    a later call with the same workdir resumes (see `podracer.workdir`: a workdir holding a
+    checkpoint of a different run is refused before anything compiles, and left untouched).
+    SIGTERM stops the run after the chunk in flight, with a checkpoint saved, and returns a
+    result with `interrupted=True`. A NaN or inf loss or parameter raises
+    `podracer.faults.NonFiniteError` naming the update, before it could be checkpointed.
+    `log_fn` gets every record (a sweep's carry their `run` index).
     """
+    distributed.initialize_from_env()
     num_devices = validate(config, jax.device_count())
+    if workdir is not None:
+        workdir = workdir_lib.check_writable(workdir)
     runs = sweep_runs(config)
     sweep = runs is not None
     runs = runs or [Run(seed=config.seed, hparams={})]
@@ -388,6 +405,18 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     init_args = [replication.from_global(env_keys, mesh),
                  replication.from_global(params_keys, mesh),
                  replication.from_global(hparams, mesh)]
+
+    # May this run resume the workdir's checkpoint? Decided from metadata alone, before
+    # compiling: a refused run fails here and changes nothing in the workdir.
+    config_dict = metrics_lib.config_to_dict(config)
+    run_shape = {"num_devices": num_devices, "num_runs": num_runs}
+    checkpoint_dir = None if workdir is None else os.path.join(workdir, "checkpoints")
+    layout = state_layout(jax.eval_shape(programs.init_fn, *init_args))
+    resume_args = {"config": config_dict, "layout": layout, "run_shape": run_shape,
+                   "resumable": RESUMABLE_CHANGES}
+    point = (None if checkpoint_dir is None
+             else workdir_lib.find_resume_point(checkpoint_dir, **resume_args))
+
     state = programs.init_fn(*init_args)
     if programs.chunk_fn is None:
         programs.chunk_fn = programs.chunk.lower(state).compile()
@@ -397,57 +426,52 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     steps_per_chunk = config.updates_per_chunk * config.rollout_length * config.num_envs
     num_chunks = -(-config.total_env_steps // steps_per_chunk)
     is_main = jax.process_index() == 0
-    config_dict = metrics_lib.config_to_dict(config)
     run_dirs: list[str | None] = [None] * num_runs
     if workdir is not None:
         run_dirs = ([os.path.join(workdir, f"run_{i}") for i in range(num_runs)] if sweep
                     else [workdir])
 
-    # RESUME from the newest good checkpoint, if there is one.
+    # RESUME from the checkpoint found above (or, if it proves damaged, an older one).
     checkpointer = None
     done_chunks, wall_offset, resumed_from = 0, 0.0, None
-    if workdir is not None:
+    if checkpoint_dir is not None:
         # Asynchronous: the files are written while the next chunks run.
-        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
-                                    max_to_keep=option(config, "checkpoint_keep"),
+        checkpointer = Checkpointer(checkpoint_dir, max_to_keep=option(config, "checkpoint_keep"),
                                     asynchronous=True)
-        restored = checkpointer.restore_latest(state)
+        restored, point = workdir_lib.restore(checkpointer, point, state, **resume_args)
         if restored is not None:
-            checkpoint_lib.check_resumable(config_dict, restored.metadata,
-                                           checkpointer.directory, num_devices=num_devices)
             state = restored.state
             done_chunks = int(restored.metadata["chunks"])
             wall_offset = float(restored.metadata["wall_time"])
             resumed_from = done_chunks * config.updates_per_chunk
 
-    histories: list[list[dict[str, Any]]] = [[] for _ in runs]
-    writers: list[MetricsWriter] = []
-    progress = None
-    if is_main and workdir is not None:
-        metrics_lib.save_config(config_dict, workdir)
-        for i, run_dir in enumerate(run_dirs):
-            if sweep:
-                metrics_lib.save_config(_run_config(config, runs[i]), run_dir)
-            if resumed_from is not None:
-                histories[i] = metrics_lib.rewind_records(run_dir, updates=resumed_from)
     total_steps = num_chunks * steps_per_chunk
     resume_steps = done_chunks * steps_per_chunk if resumed_from is not None else None
-    for run_dir in run_dirs:
-        writers.append(MetricsWriter(run_dir, enabled=is_main, progress=not sweep,
-                                     total_env_steps=total_steps,
-                                     resume_env_steps=resume_steps))
+    records = workdir_lib.Records.open(
+        workdir, run_dirs, config=config_dict,
+        run_configs=[_run_config(config, r) for r in runs] if sweep else None,
+        enabled=is_main, resumed_from=resumed_from, total_env_steps=total_steps,
+        resume_env_steps=resume_steps, changes=None if point is None else point.changes,
+        progress=not sweep)
+    histories = records.histories
+    progress = None
     if sweep and is_main:
         progress = metrics_lib.Progress(total_steps, start_env_steps=resume_steps or 0)
     if is_main:
         what = f"a sweep of {num_runs} runs" if sweep else f"seed {config.seed}"
+        processes = (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
         print(f"Anakin: {config.agent.name} on {config.env.name}, {what}, {num_devices} "
-              f"device(s) ({jax.devices()[0].platform}), {config.num_envs} envs, "
+              f"device(s){processes} ({jax.devices()[0].platform}), {config.num_envs} envs, "
               f"T={config.rollout_length}, {config.updates_per_chunk} updates/chunk, "
               f"{num_chunks} chunks; compiled in {compile_seconds:.1f}s", flush=True)
         if resumed_from is not None:
             print(f"Resuming from the checkpoint at update {resumed_from:,} "
                   f"({done_chunks} of {num_chunks} chunks done) in {checkpointer.directory}",
                   flush=True)
+            if point.changes:
+                changed = ", ".join(f"{f}: {a!r} -> {b!r}" for f, (a, b) in point.changes.items())
+                print(f"Continuing with changed config values (resume_allow_changes): {changed}",
+                      flush=True)
 
     eval_every = option(config, "eval_every_updates")
     checkpoint_every = option(config, "checkpoint_every_updates")
@@ -472,6 +496,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             "env_steps": chunks * steps_per_chunk,
             "wall_time": wall_time,
             "num_devices": num_devices,
+            "num_processes": jax.process_count(),
             "num_runs": num_runs,
             "seeds": [r.seed for r in runs],
             "config": config_dict,
@@ -482,56 +507,64 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     checkpoint_seconds = eval_seconds = 0.0
     saved_chunks = done_chunks if resumed_from is not None else None
     run_start = time.perf_counter()
-    with Preemption() as preemption:
-        for i in range(done_chunks, num_chunks):
-            chunk_start = time.perf_counter()
-            state, metrics = chunk_fn(state)
-            metrics = jax.device_get(replication.unreplicate(metrics))
-            now = time.perf_counter()
-            wall_time = now - run_start + compile_seconds + wall_offset
-            records = [
-                _record(jax.tree.map(lambda x, r=r: x[r] if sweep else x, metrics), chunk=i,
-                        steps_per_chunk=steps_per_chunk,
-                        updates_per_chunk=config.updates_per_chunk,
-                        seconds=now - chunk_start, wall_time=wall_time)
-                for r in range(num_runs)
-            ]
-            updates = (i + 1) * config.updates_per_chunk
-            if _crossed(updates, config.updates_per_chunk, eval_every):
-                eval_start = time.perf_counter()
-                for record, result in zip(records, evaluate(state, updates)):
-                    record.update(result)
-                eval_seconds += time.perf_counter() - eval_start
-            for r, (record, writer) in enumerate(zip(records, writers)):
-                histories[r].append(record)
-                writer.write(record)
-                if log_fn is not None:
-                    log_fn({**record, "run": r} if sweep else record)
-            if progress is not None:
-                progress.update(_mean_record(records))
-            stop = preemption.requested()
-            last = i + 1 == num_chunks
-            if checkpointer is not None and (
-                    stop or last or _crossed(updates, config.updates_per_chunk,
-                                             checkpoint_every)):
-                checkpoint_seconds += save(state, i + 1, wall_time)
-                saved_chunks = i + 1
-            if stop:
-                if checkpointer is not None:
-                    started = time.perf_counter()
-                    checkpointer.wait()  # on disk before the process may exit
-                    checkpoint_seconds += time.perf_counter() - started
-                interrupted = True
-                break
+    try:
+        with Preemption() as preemption:
+            for i in range(done_chunks, num_chunks):
+                chunk_start = time.perf_counter()
+                state, metrics = chunk_fn(state)
+                metrics = jax.device_get(replication.unreplicate(metrics))
+                first_bad = np.atleast_1d(metrics.pop(FIRST_NONFINITE))
+                now = time.perf_counter()
+                wall_time = now - run_start + compile_seconds + wall_offset
+                records_now = [
+                    _record(jax.tree.map(lambda x, r=r: x[r] if sweep else x, metrics),
+                            chunk=i, steps_per_chunk=steps_per_chunk,
+                            updates_per_chunk=config.updates_per_chunk,
+                            seconds=now - chunk_start, wall_time=wall_time)
+                    for r in range(num_runs)
+                ]
+                updates = (i + 1) * config.updates_per_chunk
+                healthy = bool(np.all(first_bad >= config.updates_per_chunk))
+                if healthy and _crossed(updates, config.updates_per_chunk, eval_every):
+                    eval_start = time.perf_counter()
+                    for record, result in zip(records_now, evaluate(state, updates)):
+                        record.update(result)
+                    eval_seconds += time.perf_counter() - eval_start
+                for r, record in enumerate(records_now):
+                    record = records.write(r, record)
+                    if log_fn is not None:
+                        log_fn({**record, "run": r} if sweep else record)
+                if progress is not None:
+                    progress.update(_mean_record(records_now))
+                if not healthy:
+                    bad_run = int(np.argmin(first_bad))
+                    where = f"run {bad_run} of the sweep" if sweep else f"seed {config.seed}"
+                    raise faults.NonFiniteError(faults.nonfinite_message(
+                        i * config.updates_per_chunk + int(first_bad[bad_run]) + 1, where,
+                        None if checkpointer is None else checkpointer.directory))
+                stop = preemption.requested()
+                last = i + 1 == num_chunks
+                if checkpointer is not None and (
+                        stop or last or _crossed(updates, config.updates_per_chunk,
+                                                 checkpoint_every)):
+                    checkpoint_seconds += save(state, i + 1, wall_time)
+                    saved_chunks = i + 1
+                if stop:
+                    if checkpointer is not None:
+                        started = time.perf_counter()
+                        checkpointer.wait()  # on disk before the process may exit
+                        checkpoint_seconds += time.perf_counter() - started
+                    interrupted = True
+                    break
+    finally:
+        records.close()
+        if progress is not None:
+            progress.close()
+        if checkpointer is not None:
+            started = time.perf_counter()
+            checkpointer.close()  # waits for the last save
+            checkpoint_seconds += time.perf_counter() - started
     run_seconds = time.perf_counter() - run_start
-    for writer in writers:
-        writer.close()
-    if progress is not None:
-        progress.close()
-    if checkpointer is not None:
-        started = time.perf_counter()
-        checkpointer.close()  # waits for the last save
-        checkpoint_seconds += time.perf_counter() - started
     history = ([_mean_record(list(rs)) for rs in zip(*histories)] if sweep
                else histories[0])
     final = history[-1] if history else {}

@@ -8,13 +8,12 @@ SIGTERM (pre-emption) saves a checkpoint and exits with status 143 (128 + SIGTER
 supervisor sees the run as unfinished and starts it again.
 """
 
-import signal
-import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 import anakin
+from experiments import _cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
@@ -28,13 +27,7 @@ flags.mark_flags_as_required(["config"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:
-        # absl logs INFO to stderr by default, and orbax logs every step of every save there:
-        # keep the console to progress and warnings unless --verbosity asks for more.
-        logging.set_verbosity(logging.WARNING)
-    result = anakin.train(_CONFIG.value, _WORKDIR.value)
-    if result.interrupted:
-        sys.exit(128 + signal.SIGTERM)
+    _cli.run(anakin.train, _CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

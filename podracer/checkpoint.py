@@ -134,6 +134,16 @@ class Restored:
     metadata: dict[str, Any]  # what `save` was given (plus "fingerprint")
 
 
+def state_layout(tree: Any) -> list[list[Any]]:
+    """[path, shape, dtype] of every leaf of `tree` (arrays or `jax.ShapeDtypeStruct`s), as
+    JSON values: what a checkpoint of `tree` holds, comparable without loading it."""
+    def dtype(leaf: Any) -> str:
+        return str(leaf.dtype)  # also names typed PRNG keys, e.g. key<fry>
+
+    return [[jax.tree_util.keystr(path), [int(n) for n in np.shape(leaf)], dtype(leaf)]
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
 def _abstract(target: Any) -> Any:
     def leaf(x: Any) -> Any:
         if isinstance(x, jax.ShapeDtypeStruct):
@@ -174,6 +184,7 @@ class Checkpointer:
         ocp = self._ocp
         meta = dict(metadata or {})
         meta["fingerprint"] = fingerprint(state)
+        meta["layout"] = state_layout(state)
         meta["saved_at"] = time.time()
         self._manager.save(
             step,
@@ -220,10 +231,11 @@ class Checkpointer:
                 logging.warning("Checkpoint step %d in %s is unusable (%s: %.300s); trying "
                                 "the previous one.", step, self.directory,
                                 type(error).__name__, error)
-                self._quarantine(step)
+                self.quarantine(step)
         return None
 
-    def _quarantine(self, step: int) -> None:
+    def quarantine(self, step: int) -> None:
+        """Moves `step` to `<directory>.corrupt/` (process 0; every process calls this)."""
         if jax.process_index() == 0:
             aside = self.directory + ".corrupt"
             os.makedirs(aside, exist_ok=True)
@@ -285,54 +297,6 @@ class Preemption:
         return bool(np.any(multihost_utils.process_allgather(np.int32(local))))
 
 
-# Fields that may change between an interrupted run and its resumption: they change how long
-# it runs and what it logs, not the state it carries. Runners may add their own.
-RESUMABLE_CHANGES = ("total_env_steps", "checkpoint_every_updates", "checkpoint_keep",
-                     "eval_every_updates", "eval_episodes", "eval_max_steps")
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def check_resumable(config: dict[str, Any], metadata: dict[str, Any], directory: str, *,
-                    resumable: tuple[str, ...] = RESUMABLE_CHANGES, **run_shape: Any) -> None:
-    """Raises a `ConfigError` naming the first field in which a run differs from the one that
-    saved a checkpoint (`metadata`, with the saver's `config` and counts), so that a rerun
-    resumes only the run it continues.
-
-    `config` is the resolved config as plain values (`metrics.config_to_dict`); fields named
-    in `resumable` may differ. `run_shape` are figures outside the config that the run is a
-    function of (e.g. `num_devices=8`): each must equal the metadata's field of that name.
-    """
-    from podracer.config import ConfigError
-
-    for name, value in run_shape.items():
-        if metadata.get(name) != value:
-            what = name.replace("_", " ")
-            raise ConfigError(
-                name,
-                f"the run has {value} but the checkpoint in {directory} was made with "
-                f"{metadata.get(name)}",
-                f"resume with the same {what} (a run is a function of it), or use a new "
-                "--workdir")
-    saved, current = _flatten(metadata.get("config", {})), _flatten(config)
-    for field in sorted(set(saved) | set(current)):
-        if field in resumable or saved.get(field) == current.get(field):
-            continue
-        raise ConfigError(
-            field,
-            f"is {current.get(field)!r} but the checkpoint in {directory} was made with "
-            f"{saved.get(field)!r}",
-            "rerun with the checkpoint's value to resume it, or use a new --workdir")
-
-
 def read_metadata(directory: str, step: int | None = None) -> dict[str, Any] | None:
     """The JSON metadata of `step` (default: the newest step) without loading any arrays."""
     import json
@@ -373,5 +337,5 @@ def load_arrays(directory: str, step: int | None = None) -> tuple[Any, dict[str,
     return jax.tree.map(np.asarray, state), metadata
 
 
-__all__ = ["RESUMABLE_CHANGES", "Checkpointer", "CorruptCheckpointError", "Preemption",
-           "Restored", "check_resumable", "fingerprint", "load_arrays", "read_metadata"]
+__all__ = ["Checkpointer", "CorruptCheckpointError", "Preemption", "Restored", "fingerprint",
+           "load_arrays", "read_metadata", "state_layout"]

@@ -73,6 +73,7 @@ re-raises the original exception.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -82,7 +83,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -91,11 +92,11 @@ import ml_collections
 import numpy as np
 
 import agents
-from podracer import checkpoint as checkpoint_lib
-from podracer import distributed, replication
+from podracer import distributed, faults, replication
 from podracer import metrics as metrics_lib
+from podracer import workdir as workdir_lib
 from podracer.agent import Agent
-from podracer.checkpoint import Checkpointer, Preemption
+from podracer.checkpoint import Checkpointer, Preemption, state_layout
 from podracer.config import run_option
 from podracer.types import DEVICE_AXIS, TimeStep, Trajectory
 from sebulba import envpool_env
@@ -152,18 +153,57 @@ class _Supervisor:
     def raise_first_error(self) -> None:
         if self.errors:
             name, error, formatted = self.errors[0]
+            if isinstance(error, faults.NonFiniteError):
+                raise error  # its message says all; the entry point reports it as such
             raise ThreadFailure(f"Sebulba thread {name!r} failed:\n{formatted}") from error
 
 
-def _put(q: queue.Queue, item: Any, stop: threading.Event, timeout_s: float, what: str) -> bool:
-    """Blocking put that gives up when `stop` is set (False) or after `timeout_s` (raises)."""
-    deadline = time.monotonic() + timeout_s
+class LearnerClock:
+    """When the learner last showed progress, for the actors' waits on it.
+
+    An actor waiting on the learner (for parameters, or for room in its queue) gives up only
+    after `timeout_s` without progress from the learner; while the learner is busy with
+    something other than consuming (an evaluation, however long), no wait expires.
+    """
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+        self._busy = 0
+        self._lock = threading.Lock()
+
+    def tick(self) -> None:
+        self._last = time.monotonic()
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        with self._lock:
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy -= 1
+            self.tick()
+
+    def expired(self, started: float, timeout_s: float) -> bool:
+        """Whether a wait begun at `started` has seen no learner progress for `timeout_s`."""
+        if self._busy:
+            return False
+        return time.monotonic() - max(started, self._last) > timeout_s
+
+
+def _put(q: queue.Queue, item: Any, stop: threading.Event, timeout_s: float, what: str,
+         clock: LearnerClock | None = None) -> bool:
+    """Blocking put that gives up when `stop` is set (False) or after `timeout_s` without
+    learner progress (raises)."""
+    started = time.monotonic()
+    clock = clock or LearnerClock()
     while not stop.is_set():
         try:
             q.put(item, timeout=_POLL_S)
             return True
         except queue.Full:
-            if time.monotonic() > deadline:
+            if clock.expired(started, timeout_s):
                 raise StallError(f"{what}: queue still full after {timeout_s:.0f}s; "
                                  "the learner has stopped consuming") from None
     return False
@@ -215,14 +255,16 @@ class ParamsStore:
             return self._newest, self._versions[self._newest][device_index]
 
     def wait_for(self, version: int, device_index: int, stop: threading.Event,
-                 timeout_s: float) -> Any:
-        """Exactly `version` on actor device `device_index`; None if stopped first."""
-        deadline = time.monotonic() + timeout_s
+                 timeout_s: float, clock: LearnerClock | None = None) -> Any:
+        """Exactly `version` on actor device `device_index`; None if stopped first. Raises
+        after `timeout_s` without learner progress (see `LearnerClock`)."""
+        started = time.monotonic()
+        clock = clock or LearnerClock()
         with self._cond:
             while self._newest < version:
                 if stop.is_set():
                     return None
-                if time.monotonic() > deadline:
+                if clock.expired(started, timeout_s):
                     raise StallError(f"parameters version {version} not published after "
                                      f"{timeout_s:.0f}s (newest: {self._newest})")
                 self._cond.wait(_POLL_S)
@@ -413,8 +455,8 @@ def _global_batch(shards: Sequence[Trajectory], mesh: jax.sharding.Mesh) -> Traj
 
 
 # Fields that may change between an interrupted run and its resumption: those of
-# `podracer.checkpoint.RESUMABLE_CHANGES`, and how often and how patiently the run logs.
-RESUMABLE_CHANGES = checkpoint_lib.RESUMABLE_CHANGES + ("log_every_updates", "timeout_s",
+# `podracer.workdir.RESUMABLE_CHANGES`, and how often and how patiently the run logs.
+RESUMABLE_CHANGES = workdir_lib.RESUMABLE_CHANGES + ("log_every_updates", "timeout_s",
                                                         "save_final_params")
 _EVAL_STREAM = 0x5EED  # mixed into the evaluation's seeds, apart from training's
 
@@ -439,6 +481,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     """
     distributed.initialize_from_env()
     topology = validate(config)
+    if workdir is not None:
+        workdir = workdir_lib.check_writable(workdir)
     process = jax.process_index()
     is_main = process == 0
     local = jax.local_devices()
@@ -481,28 +525,37 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         "config": config_dict,
     }
 
+    # May this run resume the workdir's checkpoint? Decided from metadata alone, before
+    # anything compiles: a refused run fails here and changes nothing in the workdir.
+    params_key, learner_key, actor_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+    checkpoint_dir = None if workdir is None else os.path.join(workdir, "checkpoints")
+    run_shape = {"num_processes": jax.process_count(),
+                 "num_learner_devices": int(learner_mesh.devices.size)}
+    resume_args = {
+        "config": config_dict, "run_shape": run_shape, "resumable": RESUMABLE_CHANGES,
+        "layout": state_layout(abstract_learner(agent, spec, learner_mesh, params_key,
+                                                learner_key)),
+    }
+    point = (None if checkpoint_dir is None
+             else workdir_lib.find_resume_point(checkpoint_dir, **resume_args))
+
     # THE LEARNER STATE, then (below) its compiled update, before any thread starts
     start = time.perf_counter()
-    params_key, learner_key, actor_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
     learner_state, learner_keys = init_learner(agent, spec, learner_mesh, params_key, learner_key)
     init_seconds = time.perf_counter() - start
 
-    # RESUME from the newest good checkpoint, if there is one (every process, in step), before
-    # the long compilation, so that a run that may not resume fails at once.
+    # RESUME from the checkpoint found above (or, if it proves damaged, an older one).
     checkpointer = None
     start_update, wall_offset, resumed_from = 0, 0.0, None
-    if workdir is not None:
+    if checkpoint_dir is not None:
         # Asynchronous: the files are written while the learner goes on.
-        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
+        checkpointer = Checkpointer(checkpoint_dir,
                                     max_to_keep=run_option(config, "checkpoint_keep"),
                                     asynchronous=True)
         try:
-            restored = checkpointer.restore_latest(
-                {"learner_state": learner_state, "learner_keys": learner_keys})
-            if restored is not None:
-                checkpoint_lib.check_resumable(
-                    config_dict, restored.metadata, checkpointer.directory,
-                    resumable=RESUMABLE_CHANGES, num_processes=jax.process_count())
+            restored, point = workdir_lib.restore(
+                checkpointer, point,
+                {"learner_state": learner_state, "learner_keys": learner_keys}, **resume_args)
         except BaseException:
             checkpointer.close()
             raise
@@ -545,6 +598,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     supervisor = _Supervisor()
     stop = supervisor.stop
     counters = _ActorCounters()
+    learner_clock = LearnerClock()
     queues = [queue.Queue(maxsize=config.queue_size) for _ in range(num_threads)]
     envs: list[envpool_env.EnvpoolEnv] = []
     # Resumed: the environments and actor keys start afresh, seeded by the resumed update.
@@ -565,7 +619,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             wait_start = time.perf_counter()
             if fixed:
                 version = max(k - 1 - config.policy_lag, start_update)
-                params = store.wait_for(version, device_index, stop, config.timeout_s)
+                params = store.wait_for(version, device_index, stop, config.timeout_s,
+                                        learner_clock)
                 if params is None:
                     return
             else:
@@ -598,23 +653,22 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             shards = [jax.device_put(s, d) for s, d in zip(shards, learner_devices_here)]
             put_start = time.perf_counter()
             if not _put(out, _Rollout(list(shards), oldest, newest), stop, config.timeout_s,
-                        f"actor thread {thread_id}"):
+                        f"actor thread {thread_id}", learner_clock):
                 return
             counters.add(env_steps=rollout_length * envs_per_thread,
                          put_wait_s=time.perf_counter() - put_start, params_wait_s=params_wait,
                          episode_returns=returns, episode_lengths=lengths)
 
     # OUTPUTS (process 0); a resumed run drops what its predecessor logged after the checkpoint
-    history: list[dict[str, Any]] = []
+    records = workdir_lib.Records.open(
+        workdir, [workdir], config=config_dict, enabled=is_main, resumed_from=resumed_from,
+        total_env_steps=num_updates * steps_per_update,
+        resume_env_steps=None if resumed_from is None else resumed_from * steps_per_update,
+        changes=None if point is None else point.changes)
+    history = records.histories[0]
     if is_main and workdir:
-        metrics_lib.save_config(config_dict, workdir)
         with open(os.path.join(workdir, "run_info.json"), "w") as f:
             json.dump(run_info, f, indent=2, default=str)
-        if resumed_from is not None:
-            history = metrics_lib.rewind_records(workdir, updates=resumed_from)
-    writer = metrics_lib.MetricsWriter(
-        workdir, enabled=is_main, total_env_steps=num_updates * steps_per_update,
-        resume_env_steps=None if resumed_from is None else resumed_from * steps_per_update)
     policy_lags: list[int] = []
     last_batch: list[Any] = [()]
     learner_done = threading.Event()
@@ -662,6 +716,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             # Publish only computed parameters: an actor switching to a version still being
             # computed would stall until the update ends instead of acting meanwhile.
             store.publish(u, jax.block_until_ready(local_actor_params(learner_state)))
+            learner_clock.tick()
             pending_metrics.append(jax.tree.map(lambda x: x.addressable_shards[0].data,
                                                 metrics))
             last_batch[0] = batch
@@ -680,6 +735,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             if (u % config.log_every_updates == 0 or last or stop_now or checkpoint_now
                     or eval_now):
                 learner_metrics = jax.device_get(pending_metrics)
+                finite = [bool(m.pop(_FINITE)) for m in learner_metrics]
+                if not all(finite):
+                    # Raised before this update's state can reach a checkpoint.
+                    raise faults.NonFiniteError(faults.nonfinite_message(
+                        last_update + 1 + finite.index(False), f"seed {config.seed}",
+                        None if checkpointer is None else checkpointer.directory))
                 now = time.perf_counter()
                 actor = counters.take()
                 elapsed = now - last_time
@@ -709,10 +770,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                     eval_start = time.perf_counter()
                     eval_key = jax.random.fold_in(
                         jax.random.fold_in(jax.random.PRNGKey(config.seed), _EVAL_STREAM), u)
-                    record.update(evaluator(store.newest(0)[1], eval_key))
+                    with learner_clock.busy():  # the actors wait meanwhile, however long
+                        record.update(evaluator(store.newest(0)[1], eval_key))
                     eval_seconds += time.perf_counter() - eval_start
-                history.append(record)
-                writer.write(record)
+                record = records.write(0, record)
                 if log_fn is not None:
                     log_fn(record)
                 pending_metrics, lags, waited = [], [], 0.0
@@ -721,9 +782,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             # CHECKPOINT the state after update u (the actors may already act with it)
             if checkpoint_now:
                 save_start = time.perf_counter()
-                save(u, wall_time)
-                if stop_now:
-                    checkpointer.wait()  # on disk before the process may exit
+                with learner_clock.busy():
+                    save(u, wall_time)
+                    if stop_now:
+                        checkpointer.wait()  # on disk before the process may exit
                 checkpoint_seconds += time.perf_counter() - save_start
                 saved_update = u
             if stop_now:
@@ -775,7 +837,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         if not stuck:  # a thread still inside env.step must not find its environment freed
             for env in envs:
                 env.close()
-        writer.close()
+        records.close()
         if checkpointer is not None and not stuck:
             close_start = time.perf_counter()
             checkpointer.close()  # waits for the last save
@@ -845,6 +907,19 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
+def abstract_learner(agent: Agent, spec: Any, mesh: jax.sharding.Mesh, params_key: jax.Array,
+                     learner_key: jax.Array) -> dict[str, Any]:
+    """Shapes, dtypes and shardings of what a checkpoint holds (`init_learner`'s outputs),
+    computed without compiling or allocating anything."""
+    num = mesh.devices.size
+    sharding = replication.stacked_sharding(mesh)
+    init_fn = replication.replicate(lambda key: agent.init(key, spec), mesh)
+    keys = jax.ShapeDtypeStruct((num,) + params_key.shape, params_key.dtype, sharding=sharding)
+    return {"learner_state": jax.eval_shape(init_fn, keys),
+            "learner_keys": jax.ShapeDtypeStruct((num,) + learner_key.shape, learner_key.dtype,
+                                                 sharding=sharding)}
+
+
 def init_learner(agent: Agent, spec: Any, mesh: jax.sharding.Mesh, params_key: jax.Array,
                  learner_key: jax.Array) -> tuple[Any, jax.Array]:
     """The learner state (identical on every learner device: one params key for all) and one
@@ -857,6 +932,9 @@ def init_learner(agent: Agent, spec: Any, mesh: jax.sharding.Mesh, params_key: j
     return state, keys
 
 
+_FINITE = "_finite"  # an update's metric: its loss, metrics and parameters are all finite
+
+
 def make_update(agent: Agent) -> Callable:
     """The per-learner-device `update(state, key, trajectories) -> (state, key, metrics)`, to be
     replicated over the learner mesh; `trajectories` is one `[T+1, B/L]` shard per actor
@@ -866,6 +944,7 @@ def make_update(agent: Agent) -> Callable:
         trajectory = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *trajectories)
         key, step_key = jax.random.split(key)
         state, metrics = agent.learner_step(state, trajectory, step_key, axis_name=DEVICE_AXIS)
+        metrics = {**metrics, _FINITE: faults.all_finite(metrics, agent.actor_params(state))}
         return state, key, metrics
 
     return update

@@ -50,6 +50,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint_every_updates = 2000  # learner updates between checkpoints; 0 = none
     # (a checkpoint is also written at the end of the run and on SIGTERM)
     config.checkpoint_keep = 3  # the newest checkpoints kept
+    # Fields a resumed run may change on purpose (none that reshapes the saved state), e.g.
+    # ('agent.learning_rate',); any other difference from the checkpoint refuses to resume.
+    config.resume_allow_changes = ()
     # Greedy evaluation on separate environments (whole games, unclipped scores); 0 = none.
     # It pauses the learner while it plays: up to eval_max_steps inferences per evaluation.
     config.eval_every_updates = 2000

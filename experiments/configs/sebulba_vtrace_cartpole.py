@@ -42,6 +42,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint_every_updates = 100  # learner updates between checkpoints; 0 = none
     # (a checkpoint is also written at the end of the run and on SIGTERM)
     config.checkpoint_keep = 3  # the newest checkpoints kept
+    # Fields a resumed run may change on purpose (none that reshapes the saved state), e.g.
+    # ('agent.learning_rate',); any other difference from the checkpoint refuses to resume.
+    config.resume_allow_changes = ()
     config.eval_every_updates = 100  # greedy evaluation on separate environments; 0 = none
     config.eval_episodes = 32  # one episode on each of this many environments
     config.eval_max_steps = 1000  # an evaluation episode still running here counts as it stands
