@@ -276,6 +276,12 @@ def _mean_record(records: list[dict[str, Any]]) -> dict[str, Any]:
     return mean
 
 
+def _changes_hparams(changes: dict[str, Any], names: tuple[str, ...]) -> bool:
+    """Whether opted-in config changes touch hyperparameters the learner state holds."""
+    held = {f"agent.{n}" for n in names} | {f"sweep.agent.{n}" for n in names}
+    return bool(held & set(changes))
+
+
 def _crossed(updates: int, step: int, every: int) -> bool:
     """Whether the updates `(updates - step, updates]` include a multiple of `every`."""
     return every > 0 and updates // every > (updates - step) // every
@@ -290,6 +296,7 @@ class _Programs:
     env: envs_jax.Environment
     mesh: Any
     init_fn: Callable
+    set_hparams_fn: Callable  # (state, hparams) -> state with the agent's hparams replaced
     chunk: Callable  # the replicated chunk, jitted
     sweep: bool
     hparam_names: tuple[str, ...]  # the agent's hyperparameters that `init_fn` takes as inputs
@@ -351,11 +358,17 @@ def _programs(config: ml_collections.ConfigDict, num_devices: int, num_runs: int
             state = state.replace(learner_state=agent.set_hparams(state.learner_state, hparams))
         return state
 
+    def set_hparams(state, hparams):
+        # A resumed run continuing with changed values (`resume_allow_changes`): the
+        # restored state holds the checkpoint's.
+        return state.replace(learner_state=agent.set_hparams(state.learner_state, hparams))
+
     if sweep:
-        init, chunk = jax.vmap(init), jax.vmap(chunk)
+        init, chunk, set_hparams = jax.vmap(init), jax.vmap(chunk), jax.vmap(set_hparams)
     programs = _Programs(
         agent=agent, env=env, mesh=mesh,
         init_fn=replication.replicate(init, mesh),
+        set_hparams_fn=replication.replicate(set_hparams, mesh),
         chunk=replication.replicate(chunk, mesh, donate_argnums=0),
         sweep=sweep,
         hparam_names=hparam_names,
@@ -441,6 +454,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         restored, point = workdir_lib.restore(checkpointer, point, state, **resume_args)
         if restored is not None:
             state = restored.state
+            if hparams and _changes_hparams(point.changes, programs.hparam_names):
+                state = programs.set_hparams_fn(state, init_args[2])
             done_chunks = int(restored.metadata["chunks"])
             wall_offset = float(restored.metadata["wall_time"])
             resumed_from = done_chunks * config.updates_per_chunk

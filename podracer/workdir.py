@@ -52,8 +52,9 @@ class WorkdirError(ValueError):
 class ResumeError(ConfigError):
     """A workdir holds a checkpoint of a different run; the message lists every difference."""
 
-    def __init__(self, message: str):
-        self.field = "resume"
+    def __init__(self, message: str, fields: Sequence[str]):
+        self.fields = list(fields)  # every differing config field or run figure
+        self.field = self.fields[0] if self.fields else "resume"
         ValueError.__init__(self, message)
 
 
@@ -145,9 +146,10 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
     """Raises `ResumeError` listing every way in which this run differs from the one that
     saved `metadata`, unless each difference is allowed; returns the opted-in changes."""
     step = metadata.get("updates", "?")
-    shape_lines = []
+    shape_lines, shape_fields = [], []
     for name, value in run_shape.items():
         if metadata.get(name) != value:
+            shape_fields.append(name)
             shape_lines.append(f"{name}: checkpoint {metadata.get(name)!r}, this run {value!r}")
     saved_layout = metadata.get("layout")
     layout_lines = _layout_differences(saved_layout, layout) if saved_layout else []
@@ -177,7 +179,7 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
         lines.append("To continue this run on purpose with these changed values (they change "
                      "no array's shape), list them: "
                      f"--config.{ALLOW_CHANGES_FIELD}='({fields},)'")
-    raise ResumeError("\n".join(lines))
+    raise ResumeError("\n".join(lines), [*differences, *shape_fields])
 
 
 def find_resume_point(directory: str, *, config: dict[str, Any], layout: list[list[Any]],

@@ -562,6 +562,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         if restored is not None:
             learner_state = restored.state["learner_state"]
             learner_keys = restored.state["learner_keys"]
+            held = {f"agent.{n}" for n in agent.sweepable}
+            if agent.set_hparams is not None and held & set(point.changes):
+                # Continuing with changed values (`resume_allow_changes`) that the restored
+                # state holds as the checkpoint's.
+                learner_state = set_learner_hparams(agent, learner_mesh, learner_state,
+                                                    config.agent)
             start_update = resumed_from = int(restored.metadata["updates"])
             wall_offset = float(restored.metadata["wall_time"])
 
@@ -918,6 +924,16 @@ def abstract_learner(agent: Agent, spec: Any, mesh: jax.sharding.Mesh, params_ke
     return {"learner_state": jax.eval_shape(init_fn, keys),
             "learner_keys": jax.ShapeDtypeStruct((num,) + learner_key.shape, learner_key.dtype,
                                                  sharding=sharding)}
+
+
+def set_learner_hparams(agent: Agent, mesh: jax.sharding.Mesh, learner_state: Any,
+                        agent_config: ml_collections.ConfigDict) -> Any:
+    """`learner_state` with the agent's hyperparameters set to `agent_config`'s values."""
+    num = mesh.devices.size
+    hparams = {name: np.full((num,), agent_config[name], np.float32)
+               for name in agent.sweepable}
+    fn = replication.replicate(agent.set_hparams, mesh)
+    return fn(learner_state, replication.from_global(hparams, mesh))
 
 
 def init_learner(agent: Agent, spec: Any, mesh: jax.sharding.Mesh, params_key: jax.Array,

@@ -47,3 +47,19 @@ def wait_until(proc: subprocess.Popen, condition, what: str, timeout: float = 24
         time.sleep(0.02)
     proc.kill()
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def snapshot(directory: str) -> dict[str, tuple[int, int, str]]:
+    """(size, mtime in ns, sha256) of every file under `directory`, by relative path: equal
+    snapshots mean nothing was written, moved, appended to or removed."""
+    import hashlib
+
+    out = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            stat = os.stat(path)
+            out[os.path.relpath(path, directory)] = (stat.st_size, stat.st_mtime_ns, digest)
+    return out

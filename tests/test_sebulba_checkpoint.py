@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import checkpoint_steps, start_experiment, wait_until
+from conftest import checkpoint_steps, snapshot, start_experiment, wait_until
 
 import sebulba
 from experiments.configs import muzero_cartpole
@@ -238,10 +238,33 @@ def test_a_checkpoint_made_with_another_config_is_not_resumed(preempted):
     config, workdir, _ = preempted
     config = config.copy_and_resolve_references()
     config.agent.num_simulations = 3
+    before = snapshot(workdir)
     with pytest.raises(ConfigError) as info:
         sebulba.train(config, workdir)
-    assert info.value.field == "agent.num_simulations"
-    assert "use a new --workdir" in str(info.value)
+    assert info.value.fields == ["agent.num_simulations"]
+    assert "config.agent.num_simulations: checkpoint 2, this run 3" in str(info.value)
+    assert "pass a new --workdir" in str(info.value)
+    assert "resume_allow_changes" in str(info.value)  # it reshapes nothing: may opt in
+    assert snapshot(workdir) == before  # nothing moved, written or appended
+
+
+def test_changed_replay_capacity_or_learner_devices_are_refused_untouched(preempted):
+    config, workdir, _ = preempted
+    before = snapshot(workdir)
+    bigger = config.copy_and_resolve_references()
+    bigger.agent.replay_capacity *= 2
+    with pytest.raises(ConfigError) as info:
+        sebulba.train(bigger, workdir)
+    assert "agent.replay_capacity" in info.value.fields
+    assert "reshape the saved state" in str(info.value)
+    assert "resume_allow_changes" not in str(info.value).split("new run.")[-1]
+    assert snapshot(workdir) == before
+    more = config.copy_and_resolve_references()
+    more.learner_device_ids = (0, 1)
+    with pytest.raises(ConfigError) as info:
+        sebulba.train(more, workdir)
+    assert "num_learner_devices" in info.value.fields
+    assert snapshot(workdir) == before
 
 
 # ---------------------------------------------------------------------------------------------

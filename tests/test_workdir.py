@@ -1,0 +1,241 @@
+"""podracer.workdir through Anakin: a workdir is resumed only by the run it belongs to.
+
+A rerun that differs from the checkpoint (a shape-changing field, a non-shape field, another
+device count) is refused before compiling, names every difference with both values, and leaves
+every file of the workdir as it was; `resume_allow_changes` continues a run with changed
+non-shape values and records them; only a checkpoint that fails its integrity check is set
+aside; a fresh start after an attempt killed before its first checkpoint replaces that
+attempt's records; a NaN stops the run naming the update, keeping the last good checkpoint; a
+bad --workdir fails before anything compiles.
+"""
+
+import glob
+import json
+import os
+import shutil
+import signal
+
+import pytest
+from conftest import checkpoint_steps, snapshot, start_experiment, wait_until
+
+import anakin
+from experiments.configs import vtrace_catch
+from podracer import replication
+from podracer import workdir as workdir_lib
+from podracer.config import ConfigError
+from podracer.faults import NonFiniteError
+from podracer.metrics import read_records
+
+UPDATES_PER_CHUNK = 5
+STEPS_PER_CHUNK = 16 * 10 * UPDATES_PER_CHUNK
+
+
+def _config(**overrides):
+    # The shape of the other Anakin tests' small runs, so that compiled programs are reused.
+    config = vtrace_catch.get_config()
+    config.num_devices = 2
+    config.num_envs = 16
+    config.rollout_length = 10
+    config.updates_per_chunk = UPDATES_PER_CHUNK
+    config.total_env_steps = 4 * STEPS_PER_CHUNK
+    config.checkpoint_every_updates = 2 * UPDATES_PER_CHUNK
+    config.eval_every_updates = 0
+    for field, value in overrides.items():
+        node = config
+        *parents, last = field.split(".")
+        for parent in parents:
+            node = node[parent]
+        node[last] = value
+    return config
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished run (checkpoints at updates 10 and 20) and its workdir."""
+    workdir = str(tmp_path_factory.mktemp("finished"))
+    result = anakin.train(_config(), workdir)
+    assert checkpoint_steps(workdir) == [10, 20]
+    return workdir, result
+
+
+def _copy(workdir, tmp_path):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(workdir, copy)
+    return copy
+
+
+@pytest.mark.parametrize("field, value, reshapes", [
+    ("num_envs", 32, True),
+    ("agent.hidden_sizes", (64, 32), True),
+    ("agent.learning_rate", 3e-4, False),
+    ("agent.entropy_cost", 0.05, False),
+])
+def test_a_changed_field_is_refused_naming_it_and_nothing_changes(finished, field, value,
+                                                                   reshapes):
+    workdir, _ = finished
+    before = snapshot(workdir)
+    with pytest.raises(workdir_lib.ResumeError) as info:
+        anakin.train(_config(**{field: value}), workdir)
+    message = str(info.value)
+    with open(os.path.join(workdir, "config.json")) as f:
+        saved = json.load(f)
+    for part in field.split("."):
+        saved = saved[part]
+    assert info.value.fields == [field]
+    now = json.loads(json.dumps(value))  # as the resolved config holds it (tuples as lists)
+    assert f"config.{field}: checkpoint {saved!r}, this run {now!r}" in message
+    assert "rerun with the checkpoint's values" in message and "new --workdir" in message
+    assert ("reshape the saved state" in message) == reshapes
+    # The opt-in is offered only where it could work: no array changes shape.
+    assert ("resume_allow_changes" in message) == (not reshapes)
+    assert snapshot(workdir) == before
+
+
+def test_another_device_count_is_refused_and_nothing_changes(finished):
+    workdir, _ = finished
+    before = snapshot(workdir)
+    with pytest.raises(ConfigError) as info:
+        anakin.train(_config(num_devices=1), workdir)
+    assert "num_devices" in info.value.fields
+    assert "num_devices: checkpoint 2, this run 1" in str(info.value)
+    assert snapshot(workdir) == before
+
+
+def test_resume_allow_changes_continues_with_the_new_value_and_records_it(finished, tmp_path):
+    workdir = _copy(finished[0], tmp_path)
+    config = _config(**{"agent.learning_rate": 3e-4, "total_env_steps": 6 * STEPS_PER_CHUNK,
+                        "resume_allow_changes": ("agent.learning_rate",)})
+    result = anakin.train(config, workdir)
+    assert result.resumed_from_updates == 20
+    assert [r["updates"] for r in result.history] == [5, 10, 15, 20, 25, 30]
+    # The new value is the one in force, not the one the restored state held.
+    in_force = replication.unreplicate(result.state.learner_state.opt_state.hyperparams)
+    assert float(in_force["learning_rate"]) == pytest.approx(3e-4, rel=1e-6)
+    records = read_records(workdir)
+    assert [r["updates"] for r in records] == [5, 10, 15, 20, 25, 30]
+    assert records[4]["config_changes"] == {
+        "agent.learning_rate": {"checkpoint": 1e-3, "now": 3e-4}}
+    assert records[4]["config_changed_at_update"] == 20
+    assert "config_changes" not in records[5]
+    with open(os.path.join(workdir, "config.json")) as f:
+        saved = json.load(f)
+    assert saved["agent"]["learning_rate"] == 3e-4
+    assert saved["resume_allow_changes"] == ["agent.learning_rate"]
+
+
+def test_opting_in_does_not_allow_a_shape_change(finished):
+    workdir, _ = finished
+    before = snapshot(workdir)
+    with pytest.raises(ConfigError) as info:
+        anakin.train(_config(num_envs=32, resume_allow_changes=("num_envs",)), workdir)
+    assert "reshape the saved state" in str(info.value)
+    assert snapshot(workdir) == before
+
+
+def _garble_arrays(step_dir):
+    files = [f for f in glob.glob(os.path.join(step_dir, "state", "**", "*"), recursive=True)
+             if os.path.isfile(f) and os.sep + "d" + os.sep in f]
+    assert files
+    for path in files:
+        with open(path, "r+b") as f:
+            data = f.read()
+            f.seek(0)
+            f.write(bytes(b ^ 0xA5 for b in data))
+
+
+def test_only_a_damaged_checkpoint_is_set_aside(finished, tmp_path):
+    workdir = _copy(finished[0], tmp_path)
+    _garble_arrays(os.path.join(workdir, "checkpoints", "20"))
+    result = anakin.train(_config(), workdir)
+    assert result.resumed_from_updates == 10  # the newest one that verifies
+    assert len(os.listdir(os.path.join(workdir, "checkpoints.corrupt"))) == 1
+    assert checkpoint_steps(workdir) == [10, 20]  # step 20 written again
+    assert [r["updates"] for r in read_records(workdir)] == [5, 10, 15, 20]
+
+
+def test_a_nan_stops_the_run_naming_the_update_and_keeps_the_good_checkpoint(finished,
+                                                                              tmp_path):
+    workdir = _copy(finished[0], tmp_path)
+    # An absurd step size, allowed on purpose, drives the parameters to inf and then NaN.
+    config = _config(**{"agent.learning_rate": 1e30, "agent.max_grad_norm": 1e30,
+                        "total_env_steps": 8 * STEPS_PER_CHUNK,
+                        "resume_allow_changes": ("agent.learning_rate", "agent.max_grad_norm")})
+    with pytest.raises(NonFiniteError) as info:
+        anakin.train(config, workdir)
+    message = str(info.value)
+    assert message.startswith("update ") and "NaN or inf" in message
+    bad_update = int(message.split()[1].rstrip(":").replace(",", ""))
+    assert 20 < bad_update <= 40
+    assert "the last good checkpoint" in message
+    # No checkpoint holds a state past the failure.
+    assert max(checkpoint_steps(workdir)) < bad_update
+
+
+def test_a_missing_parent_or_a_file_as_workdir_fails_before_compiling(tmp_path):
+    with pytest.raises(workdir_lib.WorkdirError, match="parent directory .* does not exist"):
+        anakin.train(_config(), str(tmp_path / "no" / "such" / "dir"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(workdir_lib.WorkdirError, match="is not a directory"):
+        anakin.train(_config(), str(tmp_path / "file"))
+    with pytest.raises(workdir_lib.WorkdirError, match="parent directory"):
+        anakin.train(_config(), str(tmp_path / "file" / "run"))
+    assert sorted(os.listdir(tmp_path)) == ["file"]  # nothing created
+
+
+def test_check_writable_refuses_a_directory_it_cannot_write(tmp_path, monkeypatch):
+    # Root may write anywhere, so a read-only mode cannot be relied on: make the probe fail.
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(workdir_lib.tempfile, "mkstemp", refuse)
+    with pytest.raises(workdir_lib.WorkdirError, match="cannot write in .*Permission denied"):
+        workdir_lib.check_writable(str(tmp_path))
+
+
+def test_a_fresh_start_replaces_the_records_of_an_attempt_killed_before_its_first_checkpoint(
+        tmp_path):
+    workdir, cache = str(tmp_path / "run"), str(tmp_path / "cache")
+    command = ["-m", "experiments.anakin", "--config=experiments/configs/vtrace_catch.py",
+               "--config.num_devices=2", "--config.num_envs=16", "--config.rollout_length=10",
+               f"--config.updates_per_chunk={UPDATES_PER_CHUNK}",
+               f"--config.total_env_steps={400 * STEPS_PER_CHUNK}",
+               "--config.checkpoint_every_updates=0", "--config.eval_every_updates=0",
+               f"--workdir={workdir}"]
+    proc = start_experiment(command, cache=cache, num_devices=2)
+    wait_until(proc, lambda: len(read_records(workdir)) >= 3, "three records")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert checkpoint_steps(workdir) == []  # killed before its first checkpoint
+    killed_records = read_records(workdir)
+
+    # The same workdir, a short run: it starts afresh and its records replace the old ones.
+    command[7] = f"--config.total_env_steps={2 * STEPS_PER_CHUNK}"
+    proc = start_experiment(command, cache=cache, num_devices=2)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "replacing the records of an earlier attempt" in out
+    records = read_records(workdir)
+    assert [r["updates"] for r in records] == [5, 10]
+    assert records[0]["wall_time"] < records[1]["wall_time"]
+    assert len(killed_records) >= 3
+    events = glob.glob(os.path.join(workdir, "events.out.tfevents.*"))
+    assert len(events) == 1  # the killed attempt's event file is gone
+
+
+def test_the_cli_refuses_a_changed_config_with_status_2_and_one_message(finished, tmp_path):
+    workdir, _ = finished
+    before = snapshot(workdir)
+    command = ["-m", "experiments.anakin", "--config=experiments/configs/vtrace_catch.py",
+               "--config.num_devices=2", "--config.num_envs=32", "--config.rollout_length=10",
+               f"--config.updates_per_chunk={UPDATES_PER_CHUNK}",
+               f"--config.total_env_steps={4 * STEPS_PER_CHUNK}",
+               f"--config.checkpoint_every_updates={2 * UPDATES_PER_CHUNK}",
+               "--config.eval_every_updates=0", f"--workdir={workdir}"]
+    proc = start_experiment(command, cache=str(tmp_path / "cache"), num_devices=2)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, err[-3000:]
+    assert "error: Cannot resume the checkpoint at update 20" in err
+    assert "config.num_envs: checkpoint 16, this run 32" in err
+    assert "Traceback" not in err
+    assert "compiled" not in out  # refused before compiling
+    assert snapshot(workdir) == before
