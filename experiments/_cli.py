@@ -54,6 +54,9 @@ def run(train: Callable[..., Any], config: Any, workdir: str | None) -> None:
         if not multiprocess:
             raise
         traceback.print_exc()
+        # A collective that failed because a peer died surfaces here first; give the
+        # watchdog the time it needs to confirm the loss and name the lost process.
+        distributed.wait_for_watchdog()
         _leave(1, multiprocess)
     if result.interrupted:
         _leave(128 + signal.SIGTERM, multiprocess)

@@ -12,11 +12,22 @@ process as part of a multi-process run through environment variables; runners ca
 
 On CPU the cross-process collectives go through gloo, which must be chosen before the backend
 starts; accelerators use their own interconnect and ignore that setting.
+
+A lost peer ends the run, everywhere, promptly: nothing else will (a cluster scheduler does
+not kill a job's survivors for you). The coordination service marks a process dead after
+`PODRACER_HEARTBEAT_TIMEOUT_S` seconds without a heartbeat (default 20; JAX's own default is
+100), and a watchdog thread in every process then prints which process was lost and exits with
+status `LOST_PEER_STATUS`. If process 0, which hosts the coordination service, is the one lost,
+the others find the service gone within seconds and exit non-zero naming the "leader task".
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+import threading
+import time
 
 import jax
 
@@ -24,6 +35,10 @@ COORDINATOR = "PODRACER_COORDINATOR_ADDRESS"
 NUM_PROCESSES = "PODRACER_NUM_PROCESSES"
 PROCESS_ID = "PODRACER_PROCESS_ID"
 AUTO = "PODRACER_DISTRIBUTED"
+HEARTBEAT_TIMEOUT = "PODRACER_HEARTBEAT_TIMEOUT_S"
+DEFAULT_HEARTBEAT_TIMEOUT_S = 20
+LOST_PEER_STATUS = 75  # a process of the run stopped answering: rerun the whole run
+_WATCH_EVERY_S = 1.0
 
 
 def launched_as_multiprocess() -> bool:
@@ -41,12 +56,73 @@ def initialize_from_env() -> bool:
     if jax.distributed.is_initialized():
         return True
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    heartbeat_s = int(os.environ.get(HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT_S))
+    timeouts = {"heartbeat_timeout_seconds": heartbeat_s,
+                "shutdown_timeout_seconds": max(heartbeat_s, 10)}
     if os.environ.get(COORDINATOR):
         jax.distributed.initialize(
             coordinator_address=os.environ[COORDINATOR],
             num_processes=int(os.environ[NUM_PROCESSES]),
             process_id=int(os.environ[PROCESS_ID]),
+            **timeouts,
         )
     else:
-        jax.distributed.initialize()
+        jax.distributed.initialize(**timeouts)
+    if jax.process_count() > 1:
+        _start_watchdog(heartbeat_s)
     return True
+
+
+_watchdog_heartbeat_s: float | None = None
+
+
+def wait_for_watchdog() -> None:
+    """Blocks for as long as the watchdog may take to notice a lost peer (it then ends the
+    process, naming it); returns at once when no watchdog runs. Called by a process that is
+    failing, so that a failure caused by a dead peer is reported as such."""
+    if _watchdog_heartbeat_s is not None:
+        time.sleep(_watchdog_heartbeat_s + 3 * _WATCH_EVERY_S)
+
+
+def _start_watchdog(heartbeat_s: int) -> None:
+    """A daemon thread that ends this process when a peer is lost (see the module docstring).
+
+    A process blocked in a collective with a dead peer may never return to Python, so the
+    watchdog does not rely on the main program noticing: it reports and leaves at once.
+    """
+    from jax._src import distributed as jax_distributed  # the client JAX itself uses
+
+    client = jax_distributed.global_state.client
+    me, count = jax.process_index(), jax.process_count()
+    address = os.environ.get(COORDINATOR, "the coordinator")
+
+    stopping = threading.Event()
+    # Registered after jax.distributed's own exit handler, so it runs first: a process on its
+    # way out (its peers then leave the service too) is not a lost peer.
+    atexit.register(stopping.set)
+
+    def leave(message: str) -> None:
+        if stopping.is_set():
+            return
+        print(f"podracer: process {me} of {count}: {message}; stopping this process "
+              f"(status {LOST_PEER_STATUS}).", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(LOST_PEER_STATUS)
+
+    def watch() -> None:
+        while not stopping.is_set():
+            time.sleep(_WATCH_EVERY_S)
+            try:
+                live = client.get_live_nodes(list(range(count)))
+            except Exception as error:  # noqa: BLE001 - any failure means the service is gone
+                leave(f"lost the coordination service (process 0, at {address}): "
+                      f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
+                return
+            lost = sorted(set(range(count)) - set(live))
+            if lost:
+                names = ", ".join(f"process {p}" for p in lost)
+                leave(f"lost {names} (no heartbeat for {heartbeat_s}s)")
+
+    global _watchdog_heartbeat_s
+    _watchdog_heartbeat_s = heartbeat_s
+    threading.Thread(target=watch, name="podracer-peer-watchdog", daemon=True).start()
