@@ -158,12 +158,14 @@ class _Supervisor:
             raise ThreadFailure(f"Sebulba thread {name!r} failed:\n{formatted}") from error
 
 
-class LearnerClock:
-    """When the learner last showed progress, for the actors' waits on it.
+class ProgressClock:
+    """When one side (the learner, or the actors) last showed progress, for the other's waits.
 
     An actor waiting on the learner (for parameters, or for room in its queue) gives up only
     after `timeout_s` without progress from the learner; while the learner is busy with
-    something other than consuming (an evaluation, however long), no wait expires.
+    something other than consuming (an evaluation, however long), no wait expires. Likewise the
+    learner waiting for rollouts gives up only after `timeout_s` in which no actor stepped,
+    and not while an actor compiles its first inference.
     """
 
     def __init__(self) -> None:
@@ -193,11 +195,11 @@ class LearnerClock:
 
 
 def _put(q: queue.Queue, item: Any, stop: threading.Event, timeout_s: float, what: str,
-         clock: LearnerClock | None = None) -> bool:
+         clock: ProgressClock | None = None) -> bool:
     """Blocking put that gives up when `stop` is set (False) or after `timeout_s` without
     learner progress (raises)."""
     started = time.monotonic()
-    clock = clock or LearnerClock()
+    clock = clock or ProgressClock()
     while not stop.is_set():
         try:
             q.put(item, timeout=_POLL_S)
@@ -209,14 +211,17 @@ def _put(q: queue.Queue, item: Any, stop: threading.Event, timeout_s: float, wha
     return False
 
 
-def _get(q: queue.Queue, stop: threading.Event, timeout_s: float, what: str) -> Any:
-    """Blocking get that returns None when `stop` is set, raises after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
+def _get(q: queue.Queue, stop: threading.Event, timeout_s: float, what: str,
+         clock: ProgressClock | None = None) -> Any:
+    """Blocking get that returns None when `stop` is set, raises after `timeout_s` without
+    actor progress."""
+    started = time.monotonic()
+    clock = clock or ProgressClock()
     while not stop.is_set():
         try:
             return q.get(timeout=_POLL_S)
         except queue.Empty:
-            if time.monotonic() > deadline:
+            if clock.expired(started, timeout_s):
                 raise StallError(f"{what}: nothing arrived in {timeout_s:.0f}s; an actor thread "
                                  "has stopped producing") from None
     return None
@@ -255,11 +260,11 @@ class ParamsStore:
             return self._newest, self._versions[self._newest][device_index]
 
     def wait_for(self, version: int, device_index: int, stop: threading.Event,
-                 timeout_s: float, clock: LearnerClock | None = None) -> Any:
+                 timeout_s: float, clock: ProgressClock | None = None) -> Any:
         """Exactly `version` on actor device `device_index`; None if stopped first. Raises
-        after `timeout_s` without learner progress (see `LearnerClock`)."""
+        after `timeout_s` without learner progress (see `ProgressClock`)."""
         started = time.monotonic()
-        clock = clock or LearnerClock()
+        clock = clock or ProgressClock()
         with self._cond:
             while self._newest < version:
                 if stop.is_set():
@@ -604,7 +609,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     supervisor = _Supervisor()
     stop = supervisor.stop
     counters = _ActorCounters()
-    learner_clock = LearnerClock()
+    learner_clock = ProgressClock()  # ticks after every update
+    actor_clock = ProgressClock()  # ticks after every environment step of any actor thread
     queues = [queue.Queue(maxsize=config.queue_size) for _ in range(num_threads)]
     envs: list[envpool_env.EnvpoolEnv] = []
     # Resumed: the environments and actor keys start afresh, seeded by the resumed update.
@@ -620,6 +626,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         actor_state = jax.device_put(agent.init_actor_state(envs_per_thread), device)
         timestep = env.reset()
         timestep_dev = jax.device_put(_strip_extras(timestep), device)
+        first = True
         for k in itertools.count(start_update + 1):  # rollout k feeds update k
             # PARAMETERS FOR THIS ROLLOUT
             wait_start = time.perf_counter()
@@ -643,8 +650,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                 if not fixed:
                     version, params = store.newest(device_index)
                     newest = version
-                action, actor_state, extra, key = act(params, actor_state, timestep_dev, key)
+                # The first call compiles: not a stall, however long it takes.
+                with actor_clock.busy() if first else contextlib.nullcontext():
+                    action, actor_state, extra, key = act(params, actor_state, timestep_dev, key)
+                    first = False
                 timestep = env.step(np.asarray(action))
+                actor_clock.tick()
                 timestep_dev = jax.device_put(_strip_extras(timestep), device)
                 timesteps.append(timestep_dev)
                 actions.append(action)
@@ -655,7 +666,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                     lengths.extend(timestep.extras["episode_length"][done].tolist())
 
             # SPLIT ALONG B AND SEND EACH SHARD TO ITS LEARNER DEVICE
-            shards = pack(timesteps, actions, extras)
+            with actor_clock.busy() if k == start_update + 1 else contextlib.nullcontext():
+                shards = pack(timesteps, actions, extras)
             shards = [jax.device_put(s, d) for s, d in zip(shards, learner_devices_here)]
             put_start = time.perf_counter()
             if not _put(out, _Rollout(list(shards), oldest, newest), stop, config.timeout_s,
@@ -707,7 +719,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             wait_start = time.perf_counter()
             rollouts = []
             for i, q in enumerate(queues):
-                rollout = _get(q, stop, config.timeout_s, f"learner waiting for actor thread {i}")
+                rollout = _get(q, stop, config.timeout_s, f"learner waiting for actor thread {i}",
+                               actor_clock)
                 if rollout is None:
                     return
                 rollouts.append(rollout)

@@ -195,3 +195,43 @@ def test_crashing_actor_thread_ends_the_run_with_its_error(monkeypatch):
     assert "flaky_step" in str(info.value)  # the thread's traceback travels with the error
     assert elapsed < 60  # compile included; without the stop flag this would run for hours
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+
+
+def test_an_evaluation_longer_than_timeout_s_does_not_fail_the_run(monkeypatch):
+    # The actors wait for the learner while it evaluates; an evaluation lasting several times
+    # `timeout_s` (slowed down here on purpose) must not read to them as a stalled learner.
+    timeout_s = 1.0
+    real = sebulba.runner.make_evaluator
+
+    def slow_evaluator(*args, **kwargs):
+        evaluate = real(*args, **kwargs)
+
+        def slow(params, key):
+            time.sleep(4 * timeout_s)
+            return evaluate(params, key)
+
+        return slow
+
+    monkeypatch.setattr(sebulba.runner, "make_evaluator", slow_evaluator)
+    config = _config(total_env_steps=12 * 8 * 6, actor_device_ids=(0,), learner_device_ids=(0,),
+                     timeout_s=timeout_s, eval_every_updates=2, eval_episodes=2,
+                     eval_max_steps=20, log_every_updates=2)  # 6 updates, 3 evaluations
+    result = sebulba.train(config)
+    assert [r["updates"] for r in result.history] == [2, 4, 6]
+    assert all("eval_return" in r for r in result.history)
+    assert result.eval_seconds >= 3 * 4 * timeout_s
+
+
+def test_a_stalled_learner_still_times_out_the_actors():
+    # The counterpart: without progress from the learner (and no evaluation under way), an
+    # actor's wait ends after timeout_s.
+    from sebulba.runner import ProgressClock
+
+    clock = ProgressClock()
+    start = time.monotonic()
+    assert not clock.expired(start, 0.2)
+    time.sleep(0.3)
+    assert clock.expired(start, 0.2)
+    with clock.busy():
+        assert not clock.expired(start, 0.2)  # evaluating: however long it takes
+    assert not clock.expired(start, 0.2)  # the evaluation's end counts as progress
