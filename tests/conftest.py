@@ -23,40 +23,6 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def start_experiment(command: list[str], *, cache: str, num_devices: int) -> subprocess.Popen:
-    """`python <command>` from the repository root on `num_devices` simulated CPU devices,
-    sharing the JAX compilation cache `cache` (so that only the first process compiles)."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["JAX_COMPILATION_CACHE_DIR"] = cache
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    return subprocess.Popen([sys.executable, *command], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def checkpoint_steps(workdir: str) -> list[int]:
-    """The complete checkpoint steps in `<workdir>/checkpoints`, oldest first."""
-    directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
-
-
-def wait_until(proc: subprocess.Popen, condition, what: str, timeout: float = 240) -> None:
-    """Polls `condition()` until it holds; fails if `proc` ends first or after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended before {what}: {proc.communicate()}")
-        time.sleep(0.02)
-    proc.kill()
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-
 # ---------------------------------------------------------------------------------------------
 # Comparing states: exactly within one compiled program, to a tolerance across programs.
 
@@ -122,3 +88,40 @@ def assert_trees_equal(actual, expected, *, float_rtol: float = 0.0) -> None:
         assert not np.isnan(diff).any() and largest <= float_rtol * scale, (
             f"{name}: largest difference {largest:.3g} is more than {float_rtol:g} x the leaf's "
             f"largest magnitude {scale:.3g}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiments as real processes.
+
+
+def start_experiment(command: list[str], *, cache: str, num_devices: int) -> subprocess.Popen:
+    """`python <command>` from the repository root on `num_devices` simulated CPU devices,
+    sharing the JAX compilation cache `cache` (so that only the first process compiles)."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["JAX_COMPILATION_CACHE_DIR"] = cache
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    return subprocess.Popen([sys.executable, *command], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+    """The complete checkpoint steps in `<workdir>/checkpoints`, oldest first."""
+    directory = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
+def wait_until(proc: subprocess.Popen, condition, what: str, timeout: float = 240) -> None:
+    """Polls `condition()` until it holds; fails if `proc` ends first or after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before {what}: {proc.communicate()}")
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {what}")
