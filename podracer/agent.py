@@ -3,7 +3,7 @@
 An agent is a bundle of pure functions over explicit pytrees. The runners never branch on
 which agent they run: Anakin calls `actor_step` and `learner_step` inside one compiled
 program; Sebulba calls `actor_step` on the actor devices and `learner_step`, replicated, on the
-learner devices.
+learner devices. docs/architecture.md describes the interface and how both runners use it.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class SetHparamsFn(Protocol):
 
 
 class Agent(NamedTuple):
-    """The three pure functions of ARCHITECTURE.md plus small accessors.
+    """The three pure functions of docs/architecture.md plus small accessors.
 
     `set_hparams` and `sweepable` are optional: an agent without them can still be swept over
     seeds, but not over hyperparameters.

@@ -1,5 +1,7 @@
-"""Test setup: 8 simulated CPU devices, configured before JAX initialises; and helpers for the
-tests that run experiments as real processes (import them: `from conftest import ...`)."""
+"""Test setup: 8 simulated CPU devices, configured before JAX initialises; helpers for the
+tests that run experiments as real processes; and `assert_trees_equal`, which compares run
+states exactly or, across different compiled programs, to a stated tolerance (import them:
+`from conftest import ...`)."""
 
 import os
 
@@ -12,8 +14,84 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import subprocess
 import sys
 import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing states: exactly within one compiled program, to a tolerance across programs.
+
+
+def _host_leaves(tree) -> tuple[Any, dict[str, np.ndarray]]:
+    """The tree's structure and its leaves on the host, by path (typed keys as their bits)."""
+    def host(x):
+        if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        return np.asarray(jax.device_get(x))
+
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    return treedef, {jax.tree_util.keystr(path) or "<root>": host(x) for path, x in flat}
+
+
+def _is_float(array: np.ndarray) -> bool:
+    return bool(jnp.issubdtype(array.dtype, jnp.inexact))
+
+
+def relative_differences(actual, expected) -> dict[str, float]:
+    """Per floating-point leaf, its largest difference divided by the expected leaf's largest
+    magnitude: what `assert_trees_equal(..., float_rtol=...)` bounds."""
+    _, actual_leaves = _host_leaves(actual)
+    _, expected_leaves = _host_leaves(expected)
+    out = {}
+    for name, e in expected_leaves.items():
+        if _is_float(e):
+            diff = float(np.max(np.abs(actual_leaves[name].astype(np.float64) - e), initial=0))
+            scale = float(np.max(np.abs(e.astype(np.float64)), initial=0))
+            out[name] = diff / scale if scale else (0.0 if diff == 0 else float("inf"))
+    return out
+
+
+def assert_trees_equal(actual, expected, *, float_rtol: float = 0.0) -> None:
+    """Compares two pytrees leaf by leaf: the same structure, and per leaf the same dtype and
+    shape.
+
+    Integer, boolean and PRNG-key leaves must be equal exactly, always. Floating-point leaves
+    must be equal exactly too when `float_rtol` is 0: use that when both sides come from the
+    same compiled program (XLA is deterministic for one program, backend and machine).
+    Between different programs that do the same maths (a run inside a vmapped sweep and the
+    same run alone, say) XLA may order a float reduction differently: pass a `float_rtol`
+    derived for the comparison, and each floating-point leaf's largest difference may then be
+    at most `float_rtol` times the expected leaf's largest finite magnitude (a leaf of zeros
+    must stay zeros), with NaNs and infinities in the same places.
+    """
+    treedef_a, actual_leaves = _host_leaves(actual)
+    treedef_e, expected_leaves = _host_leaves(expected)
+    assert treedef_a == treedef_e, f"different structures:\n{treedef_a}\n{treedef_e}"
+    for name, e in expected_leaves.items():
+        a = actual_leaves[name]
+        assert a.dtype == e.dtype, f"{name}: dtype {a.dtype}, expected {e.dtype}"
+        assert a.shape == e.shape, f"{name}: shape {a.shape}, expected {e.shape}"
+        if not _is_float(e) or float_rtol == 0:
+            np.testing.assert_array_equal(a, e, err_msg=name)
+            continue
+        a64, e64 = a.astype(np.float64), e.astype(np.float64)
+        finite = np.isfinite(e64)
+        np.testing.assert_array_equal(a64[~finite], e64[~finite], err_msg=f"{name} (NaN, inf)")
+        diff = np.abs(a64[finite] - e64[finite])  # inf or NaN where `a` is not finite: fails
+        scale = float(np.max(np.abs(e64[finite]), initial=0))
+        largest = float(np.max(diff, initial=0))
+        assert not np.isnan(diff).any() and largest <= float_rtol * scale, (
+            f"{name}: largest difference {largest:.3g} is more than {float_rtol:g} x the leaf's "
+            f"largest magnitude {scale:.3g}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiments as real processes.
 
 
 def start_experiment(command: list[str], *, cache: str, num_devices: int) -> subprocess.Popen:

@@ -1,8 +1,8 @@
 """Anakin end to end: learning on 1 and 8 devices, replica agreement, determinism, config errors."""
 
-import jax
 import numpy as np
 import pytest
+from conftest import assert_trees_equal, relative_differences
 
 import anakin
 from experiments.configs import vtrace_catch
@@ -19,11 +19,6 @@ def small_config(num_devices: int, **overrides):
     for key, value in overrides.items():
         config[key] = value
     return config
-
-
-def _assert_identical(tree_a, tree_b):
-    for a, b in zip(jax.tree.leaves(tree_a), jax.tree.leaves(tree_b), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +44,9 @@ def test_learns_catch_on_eight_devices(eight_device_run):
 def test_parameters_identical_on_every_device(eight_device_run):
     slices = replication.local_slices(eight_device_run.state.learner_state.params)
     assert len(slices) == 8
+    # Bit for bit: the replicas of one compiled program apply the same all-reduced gradients.
     for other in slices[1:]:
-        _assert_identical(slices[0], other)
+        assert_trees_equal(other, slices[0])
     # The environments differ across devices (each has its own key stream).
     observations = replication.local_slices(eight_device_run.state.timestep.observation)
     assert not np.array_equal(observations[0], observations[1])
@@ -58,19 +54,21 @@ def test_parameters_identical_on_every_device(eight_device_run):
 
 def test_same_seed_same_parameters_different_seed_different_parameters():
     config = small_config(2, total_env_steps=64 * 20 * 50)
-    first = anakin.train(config).params
-    second = anakin.train(config).params
-    _assert_identical(first, second)
+    first = anakin.train(config)
+    second = anakin.train(config)
+    # Bit for bit, the whole state: the same compiled program (the second run reuses the
+    # first's) with the same seed on the same devices. This is what the README promises exactly;
+    # a different program doing the same maths is compared to a tolerance (tests/test_sweep.py).
+    assert_trees_equal(second.state, first.state)
     other = anakin.train(small_config(2, total_env_steps=64 * 20 * 50, seed=1)).params
-    assert any(not np.array_equal(a, b)
-               for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(other)))
+    assert max(relative_differences(other, first.params).values()) > 0.1
 
 
 def test_metrics_file_has_one_record_per_chunk(tmp_path):
     import json
 
     anakin.train(small_config(1, total_env_steps=64 * 20 * 50 * 2), str(tmp_path))
-    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["env_steps"] for r in records] == [64_000, 128_000]
     assert [r["updates"] for r in records] == [50, 100]
     for record in records:

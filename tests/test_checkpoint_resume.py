@@ -2,9 +2,13 @@
 SIGTERM, then finished by rerunning the same command ends bit-identical to an uninterrupted
 run with the same seed and device count.
 
-The uninterrupted reference runs in this process (XLA on CPU is deterministic: the same
-program on the same number of devices gives the same bits whatever else the process has),
-and the three real processes share a JAX compilation cache, so that only the first compiles.
+The uninterrupted reference runs in this process, and the three real processes share a JAX
+compilation cache, so that only the first compiles. Bit for bit is the right comparison here,
+unlike between a sweep's run and the run alone (tests/test_sweep.py): a resumed run runs the
+same compiled chunk program as the uninterrupted one (the restored state has the same shapes,
+and nothing in the program depends on where the run starts), with the same seed on the same
+number of devices of the same machine, and XLA is deterministic for that whatever else the
+process holds (the reference's process has 8 simulated devices, the real ones 2).
 """
 
 import json

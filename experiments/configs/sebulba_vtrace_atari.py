@@ -19,7 +19,7 @@ from agents import vtrace
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
-    config.seed = 0  # a fixed-lag run is a pure function of (config, seed, device count)
+    config.seed = 0  # with config and devices, fixes a fixed-lag run (README: Determinism)
     config.env = ml_collections.ConfigDict()
     config.env.task = "Pong-v5"  # any envpool Atari task id ("<Game>-v5")
     config.env.protocol = "impala"  # "impala" | "machado" (sebulba.ATARI_PROTOCOLS)

@@ -14,7 +14,7 @@ from agents import vtrace
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
-    config.seed = 0  # a fixed-lag run is a pure function of (config, seed, device count)
+    config.seed = 0  # with config and devices, fixes a fixed-lag run (README: Determinism)
     config.env = ml_collections.ConfigDict()
     config.env.task = "CartPole-v1"  # any envpool task id with discrete actions
     config.env.protocol = "none"  # Atari only: a name in sebulba.ATARI_PROTOCOLS

@@ -10,7 +10,7 @@ from agents import vtrace
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
-    config.seed = 0  # a run is a pure function of (config, seed, device count)
+    config.seed = 0  # with the config and device count, fixes the run (README: Determinism)
     config.num_devices = 0  # devices to replicate over; 0 = every device of every process
     config.env = ml_collections.ConfigDict()
     config.env.name = "catch"  # any name in envs_jax.registered()
