@@ -5,11 +5,12 @@
         --config=experiments/configs/sebulba_vtrace_cartpole.py --workdir=/tmp/run
 
 Everything after `--` is passed to the experiment module (`--module`, default
-`experiments.sebulba`). Each process gets PODRACER_COORDINATOR_ADDRESS, PODRACER_NUM_PROCESSES
+`experiments.sebulba`; `--module=experiments.anakin` for Anakin). Each process gets PODRACER_COORDINATOR_ADDRESS, PODRACER_NUM_PROCESSES
 and PODRACER_PROCESS_ID (see `podracer.distributed`). If any process fails, the others are
 stopped and the launcher exits with the failed process's status; Ctrl-C is passed on to all.
 On a TPU slice or GPU cluster, start the same experiment command on every host instead (see
-docs/sebulba.md).
+docs/sebulba.md); a process lost there ends the others through `podracer.distributed`'s
+watchdog, with no launcher needed.
 """
 
 from __future__ import annotations

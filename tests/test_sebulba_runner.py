@@ -7,6 +7,7 @@ lag is min(l, u - 1); with "latest" the lag is at most queue_size + 1; with lag 
 policy is the learner's policy, so every importance ratio pi/mu is 1.
 """
 
+import os
 import threading
 import time
 
@@ -253,3 +254,22 @@ def test_a_stalled_learner_still_times_out_the_actors():
     with clock.busy():
         assert not clock.expired(start, 0.2)  # evaluating: however long it takes
     assert not clock.expired(start, 0.2)  # the evaluation's end counts as progress
+
+
+def test_a_nan_stops_the_run_naming_the_update_before_any_checkpoint(tmp_path):
+    # An absurd step size on purpose: the parameters overflow to inf, then NaN.
+    from podracer.faults import NonFiniteError
+
+    config = _config(total_env_steps=10**9, actor_device_ids=(0,), learner_device_ids=(0,),
+                     checkpoint_every_updates=1, log_every_updates=1)
+    config.agent.learning_rate = 1e30
+    config.agent.max_grad_norm = 1e30
+    workdir = str(tmp_path / "run")
+    with pytest.raises(NonFiniteError) as info:
+        sebulba.train(config, workdir)
+    message = str(info.value)
+    bad_update = int(message.split()[1].rstrip(":").replace(",", ""))
+    assert message.startswith("update ") and "NaN or inf" in message
+    saved = [int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
+    # Checkpoints every update up to the failure, none from the failed state or after it.
+    assert saved and max(saved) == bad_update - 1
