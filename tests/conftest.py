@@ -141,3 +141,35 @@ def snapshot(directory: str) -> dict[str, tuple[int, int, str]]:
             stat = os.stat(path)
             out[os.path.relpath(path, directory)] = (stat.st_size, stat.st_mtime_ns, digest)
     return out
+
+
+def flat_arrays(tree, prefix: str = "") -> dict:
+    """The numpy leaves of nested dicts, lists and tuples (as `load_arrays` returns them), by
+    their path of keys and indices joined with "/"."""
+    import numpy as np
+
+    if isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, (list, tuple)):
+        items = enumerate(tree)
+    else:
+        return {prefix.rstrip("/"): np.asarray(tree)}
+    out = {}
+    for key, value in items:
+        out.update(flat_arrays(value, f"{prefix}{key}/"))
+    return out
+
+
+def garble_arrays(step_dir: str) -> None:
+    """Damages a checkpoint step's array files in place (every byte flipped), as a bad disk
+    would: the step still lists, but its arrays no longer read back as saved."""
+    import glob
+
+    files = [f for f in glob.glob(os.path.join(step_dir, "state", "**", "*"), recursive=True)
+             if os.path.isfile(f) and os.sep + "d" + os.sep in f]
+    assert files
+    for path in files:
+        with open(path, "r+b") as f:
+            data = f.read()
+            f.seek(0)
+            f.write(bytes(b ^ 0xA5 for b in data))

@@ -16,7 +16,7 @@ import os
 import signal
 
 import numpy as np
-from conftest import checkpoint_steps, start_experiment, wait_until
+from conftest import checkpoint_steps, flat_arrays, start_experiment, wait_until
 
 import anakin
 from experiments.configs import vtrace_catch
@@ -119,8 +119,8 @@ def test_killed_then_preempted_run_resumes_bit_identical(tmp_path):
     expected, expected_meta = load_arrays(os.path.join(reference, "checkpoints"))
     actual, actual_meta = load_arrays(os.path.join(interrupted, "checkpoints"))
     assert expected_meta["updates"] == actual_meta["updates"] == final_updates
-    flat_expected = _flat(expected)
-    flat_actual = _flat(actual)
+    flat_expected = flat_arrays(expected)
+    flat_actual = flat_arrays(actual)
     assert flat_expected.keys() == flat_actual.keys()
     assert any("params" in k for k in flat_expected) and any("key" in k for k in flat_expected)
     for name, value in flat_expected.items():
@@ -140,17 +140,3 @@ def _tensorboard(workdir):
     reader = event_accumulator.EventAccumulator(workdir)
     reader.Reload()
     return [(e.step, e.value) for e in reader.Scalars("loss")]
-
-
-def _flat(tree, prefix=""):
-    if isinstance(tree, dict):
-        out = {}
-        for key, value in tree.items():
-            out.update(_flat(value, f"{prefix}{key}/"))
-        return out
-    if isinstance(tree, (list, tuple)):
-        out = {}
-        for i, value in enumerate(tree):
-            out.update(_flat(value, f"{prefix}{i}/"))
-        return out
-    return {prefix.rstrip("/"): np.asarray(tree)}

@@ -21,7 +21,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import checkpoint_steps, wait_until
+from conftest import checkpoint_steps, flat_arrays, wait_until
 
 import anakin
 from experiments.configs import vtrace_catch
@@ -62,20 +62,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _flat(tree, prefix=""):
-    if isinstance(tree, dict):
-        out = {}
-        for key, value in tree.items():
-            out.update(_flat(value, f"{prefix}{key}/"))
-        return out
-    if isinstance(tree, (list, tuple)):
-        out = {}
-        for i, value in enumerate(tree):
-            out.update(_flat(value, f"{prefix}{i}/"))
-        return out
-    return {prefix.rstrip("/"): np.asarray(tree)}
-
-
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("two_processes"))
@@ -103,7 +89,7 @@ def test_two_processes_end_with_identical_parameters_on_every_device(two_process
     workdir, _ = two_processes
     two, two_meta = load_arrays(os.path.join(workdir, "checkpoints"))
     assert two_meta["num_processes"] == 2 and two_meta["num_devices"] == 4
-    for name, value in _flat(two["learner_state"]["params"]).items():
+    for name, value in flat_arrays(two["learner_state"]["params"]).items():
         for device in range(1, 4):  # [4 devices, ...]: both processes' devices
             np.testing.assert_array_equal(value[device], value[0], err_msg=name)
 
@@ -114,13 +100,13 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path):
     proc = _launch([*CATCH, *short, f"--workdir={workdir}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     two, _ = load_arrays(os.path.join(workdir, "checkpoints"))
-    two = _flat(two["learner_state"]["params"])
+    two = flat_arrays(two["learner_state"]["params"])
 
     config = vtrace_catch.get_config()
     config.num_devices, config.num_envs, config.updates_per_chunk = 4, 64, 10
     config.total_env_steps, config.checkpoint_every_updates = 25_600, 0
     config.eval_every_updates = 0
-    one = _flat(jax.device_get(anakin.train(config).state.learner_state.params))
+    one = flat_arrays(jax.device_get(anakin.train(config).state.learner_state.params))
     assert one.keys() == two.keys()
     # The same maths in a different program: the cross-process all-reduce (gloo) may add the
     # devices' gradients in another order than the in-process one, so float32 results can
@@ -150,8 +136,8 @@ def test_a_two_process_run_resumes_from_its_checkpoint_bit_identically(two_proce
     expected, _ = load_arrays(os.path.join(reference, "checkpoints"))
     actual, _ = load_arrays(os.path.join(workdir, "checkpoints"))
     # The same compiled program on the same processes and devices: exactly equal.
-    for name, value in _flat(expected).items():
-        np.testing.assert_array_equal(_flat(actual)[name], value, err_msg=name)
+    for name, value in flat_arrays(expected).items():
+        np.testing.assert_array_equal(flat_arrays(actual)[name], value, err_msg=name)
 
 
 def _by_hand(module_args, workdir, *, devices=2):

@@ -16,7 +16,7 @@ import shutil
 import signal
 
 import pytest
-from conftest import checkpoint_steps, snapshot, start_experiment, wait_until
+from conftest import checkpoint_steps, garble_arrays, snapshot, start_experiment, wait_until
 
 import anakin
 from experiments.configs import vtrace_catch
@@ -132,20 +132,9 @@ def test_opting_in_does_not_allow_a_shape_change(finished):
     assert snapshot(workdir) == before
 
 
-def _garble_arrays(step_dir):
-    files = [f for f in glob.glob(os.path.join(step_dir, "state", "**", "*"), recursive=True)
-             if os.path.isfile(f) and os.sep + "d" + os.sep in f]
-    assert files
-    for path in files:
-        with open(path, "r+b") as f:
-            data = f.read()
-            f.seek(0)
-            f.write(bytes(b ^ 0xA5 for b in data))
-
-
 def test_only_a_damaged_checkpoint_is_set_aside(finished, tmp_path):
     workdir = _copy(finished[0], tmp_path)
-    _garble_arrays(os.path.join(workdir, "checkpoints", "20"))
+    garble_arrays(os.path.join(workdir, "checkpoints", "20"))
     result = anakin.train(_config(), workdir)
     assert result.resumed_from_updates == 10  # the newest one that verifies
     assert len(os.listdir(os.path.join(workdir, "checkpoints.corrupt"))) == 1
