@@ -200,3 +200,23 @@ def test_sebulba_started_by_hand_survivor_exits_naming_the_lost_process(tmp_path
     err, seconds = _kill_and_time_survivor(procs, 1, lambda: len(read_records(workdir)) >= 1)
     assert seconds < 60
     assert "podracer: process 0 of 2: lost process 1" in err, err[-3000:]
+
+
+def test_under_the_launcher_a_killed_process_ends_the_run(tmp_path):
+    workdir = str(tmp_path / "run")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "experiments.launch", "--num_processes=2",
+         "--cpu_devices_per_process=2", "--module=experiments.anakin", "--", *ANAKIN_LONG[1:],
+         f"--workdir={workdir}"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    wait_until(launcher, lambda: len(read_records(workdir)) >= 1, "the run's first records")
+    with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
+        children = [int(p) for p in f.read().split()]
+    assert len(children) == 2
+    os.kill(children[1], signal.SIGKILL)
+    killed_at = time.monotonic()
+    _, err = launcher.communicate(timeout=60)
+    seconds = time.monotonic() - killed_at
+    print(f"launcher exited {launcher.returncode} after {seconds:.1f}s")
+    assert launcher.returncode != 0 and seconds < 60
+    assert "a process exited with status -9; stopping the others" in err, err[-3000:]

@@ -232,13 +232,13 @@ def test_an_evaluation_longer_than_timeout_s_does_not_fail_the_run(monkeypatch):
         return slow
 
     monkeypatch.setattr(sebulba.runner, "make_evaluator", slow_evaluator)
-    config = _config(total_env_steps=12 * 8 * 6, actor_device_ids=(0,), learner_device_ids=(0,),
+    config = _config(total_env_steps=12 * 8 * 4, actor_device_ids=(0,), learner_device_ids=(0,),
                      timeout_s=timeout_s, eval_every_updates=2, eval_episodes=2,
-                     eval_max_steps=20, log_every_updates=2)  # 6 updates, 3 evaluations
+                     eval_max_steps=20, log_every_updates=2)  # 4 updates, 2 evaluations
     result = sebulba.train(config)
-    assert [r["updates"] for r in result.history] == [2, 4, 6]
+    assert [r["updates"] for r in result.history] == [2, 4]
     assert all("eval_return" in r for r in result.history)
-    assert result.eval_seconds >= 3 * 4 * timeout_s
+    assert result.eval_seconds >= 2 * 4 * timeout_s
 
 
 def test_a_stalled_learner_still_times_out_the_actors():
