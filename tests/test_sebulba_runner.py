@@ -273,3 +273,13 @@ def test_a_nan_stops_the_run_naming_the_update_before_any_checkpoint(tmp_path):
     saved = [int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
     # Checkpoints every update up to the failure, none from the failed state or after it.
     assert saved and max(saved) == bad_update - 1
+
+
+def test_a_missing_parent_workdir_fails_before_anything_starts(tmp_path):
+    from podracer.workdir import WorkdirError
+
+    start = time.monotonic()
+    with pytest.raises(WorkdirError, match="parent directory .* does not exist"):
+        sebulba.train(_config(), str(tmp_path / "missing" / "run"))
+    assert time.monotonic() - start < 5  # nothing compiled, no environment made
+    assert os.listdir(tmp_path) == []
