@@ -62,7 +62,8 @@ import agents
 import sebulba
 from podracer import replication
 from podracer.types import TimeStep
-from sebulba import envpool_env, runner
+from sebulba import envpool_env, learner
+from sebulba.actor import make_actor_functions
 
 
 def _in_threads(num_threads: int, body) -> float:
@@ -111,7 +112,7 @@ def actor_alone(config, options, agent, spec, params, seconds: float) -> float:
     devices = [local[i] for i in config.actor_device_ids]
     n_per = config.actor_threads_per_device
     b = config.envs_per_actor_thread
-    act, _ = runner.make_actor_functions(agent, 1)
+    act, _ = make_actor_functions(agent, 1)
     # Observations as envpool returns them (channels first); `act` converts them on device.
     raw_shape = (b,) + tuple(envpool_env.envpool.make_spec(
         config.env.task, **options).observation_space.shape)
@@ -149,12 +150,12 @@ def learner_alone(config, agent, spec, num_updates: int) -> float:
     mesh = replication.make_mesh([local[i] for i in config.learner_device_ids])
     n = config.actor_threads_per_device * len(config.actor_device_ids)
     shard_batch = config.envs_per_actor_thread // len(config.learner_device_ids)
-    state, keys = runner.init_learner(agent, spec, mesh, jax.random.PRNGKey(0),
-                                      jax.random.PRNGKey(1))
-    abstract = runner.abstract_batch(agent, spec, mesh, rollout_length=config.rollout_length,
-                                     shard_batch=shard_batch, num_rollouts=n)
+    state, keys = learner.init_learner(agent, spec, mesh, jax.random.PRNGKey(0),
+                                       jax.random.PRNGKey(1))
+    abstract = learner.abstract_batch(agent, spec, mesh, rollout_length=config.rollout_length,
+                                      shard_batch=shard_batch, num_rollouts=n)
     batch = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype, device=s.sharding), abstract)
-    update = replication.replicate(runner.make_update(agent), mesh, donate_argnums=(0, 1))
+    update = replication.replicate(learner.make_update(agent), mesh, donate_argnums=(0, 1))
     state, keys, metrics = update(state, keys, batch)  # compile and warm up
     jax.block_until_ready(metrics)
     start = time.perf_counter()

@@ -2,22 +2,21 @@
 device-to-device to learner devices, a replicated learner, parameters pushed back to the actors.
 """
 
+from sebulba.actor import Actor
 from sebulba.config import STALENESS, Topology, validate
 from sebulba.envpool_env import ATARI_PROTOCOLS, EnvpoolEnv, env_spec, make_options
-from sebulba.runner import (
-    ParamsStore,
-    StallError,
-    ThreadFailure,
-    TrainResult,
-    make_evaluator,
-    save_params,
-    train,
-)
+from sebulba.evaluation import make_evaluator
+from sebulba.learner import Learner
+from sebulba.params import ParamsStore
+from sebulba.runner import TrainResult, save_params, train
+from sebulba.threads import StallError, ThreadFailure
 
 __all__ = [
     "ATARI_PROTOCOLS",
     "STALENESS",
+    "Actor",
     "EnvpoolEnv",
+    "Learner",
     "ParamsStore",
     "StallError",
     "ThreadFailure",

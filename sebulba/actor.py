@@ -1,0 +1,219 @@
+"""A Sebulba actor: one envpool batch of B environments on the host, inference on one actor
+device, and rollouts sent, split along B, to the learner devices.
+
+    timestep = env.reset()
+    for rollout k = first, first + 1, ...:
+        params = store.wait_for(version for rollout k)     # "fixed"; "latest": store.newest
+        repeat T times:
+            on the actor device: action, extras = actor_step(params, timestep)
+            on the host:         timestep = env.step(action)   # envpool's C++ threads
+        on the actor device: stack the T+1 timesteps, T actions and extras -> [T+1, B]
+                             and split along B into L shards [T+1, B/L]
+        shard l -> learner device l                         # device to device, no host copy
+        out.put(Rollout(shards, versions))                  # bounded: back-pressure
+
+`Actor` takes everything it uses as arguments (the environment, the parameter store, its
+queue, the clocks and counters it shares with the learner), so one actor can run alone against
+a queue, as a test or a benchmark does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from podracer.agent import Agent
+from podracer.types import TimeStep, Trajectory
+from sebulba import envpool_env
+from sebulba.params import ParamsStore, rollout_version
+from sebulba.threads import ProgressClock, put
+
+
+@dataclasses.dataclass
+class Rollout:
+    """What an actor thread hands to the learner for one trajectory."""
+
+    shards: list[Trajectory]  # one per local learner device, leaves [1, T+1, B/L, ...]
+    oldest_version: int  # the oldest parameters version that chose an action in it
+    newest_version: int
+
+
+@dataclasses.dataclass
+class ActorFigures:
+    """Actor-side figures since the last log record, summed over this process's threads."""
+
+    env_steps: int = 0
+    rollouts: int = 0
+    put_wait_s: float = 0.0
+    params_wait_s: float = 0.0
+    episode_returns: list[float] = dataclasses.field(default_factory=list)
+    episode_lengths: list[int] = dataclasses.field(default_factory=list)
+
+
+class ActorCounters:
+    """Thread-safe accumulation of `ActorFigures`; the learner takes them at each log."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._figures = ActorFigures()
+
+    def add(self, *, env_steps: int, put_wait_s: float, params_wait_s: float,
+            episode_returns: list[float], episode_lengths: list[int]) -> None:
+        with self._lock:
+            f = self._figures
+            f.env_steps += env_steps
+            f.rollouts += 1
+            f.put_wait_s += put_wait_s
+            f.params_wait_s += params_wait_s
+            f.episode_returns.extend(episode_returns)
+            f.episode_lengths.extend(episode_lengths)
+
+    def take(self) -> ActorFigures:
+        with self._lock:
+            figures, self._figures = self._figures, ActorFigures()
+        return figures
+
+
+def strip_extras(timestep: TimeStep) -> TimeStep:
+    # Episode statistics stay on the host; the learner does not need them.
+    return timestep.replace(extras={})
+
+
+def make_act(agent: Agent, *, evaluation: bool) -> Callable:
+    """`act(params, actor_state, timestep, key) -> (action, actor_state, extras, key)`, on the
+    envpool layout of `timestep`'s observations."""
+
+    def act(params, actor_state, timestep, key):
+        key, act_key = jax.random.split(key)
+        timestep = timestep.replace(observation=envpool_env.to_agent_layout(timestep.observation))
+        action, actor_state, extras = agent.actor_step(params, actor_state, timestep, act_key,
+                                                       evaluation=evaluation)
+        return action, actor_state, extras, key
+
+    return act
+
+
+def make_actor_functions(agent: Agent, num_shards: int) -> tuple[Callable, Callable]:
+    """The jitted `act(params, actor_state, timestep, key)` and
+    `pack(timesteps, actions, extras) -> tuple of num_shards Trajectory shards`."""
+
+    def pack(timesteps, actions, extras):
+        timesteps = [t.replace(observation=envpool_env.to_agent_layout(t.observation))
+                     for t in timesteps]
+        stack = lambda *xs: jnp.stack(xs)
+        trajectory = Trajectory(timestep=jax.tree.map(stack, *timesteps),
+                                action=jnp.stack(actions),
+                                extras=jax.tree.map(stack, *extras))
+        b = trajectory.action.shape[1] // num_shards
+        return tuple(
+            jax.tree.map(lambda x, i=i: x[None, :, i * b:(i + 1) * b], trajectory)
+            for i in range(num_shards)
+        )
+
+    return jax.jit(make_act(agent, evaluation=False)), jax.jit(pack)
+
+
+@dataclasses.dataclass
+class Actor:
+    """One actor thread's loop (`run`), with its inputs explicit.
+
+    Rollout k (k = `start_update` + 1, ...) feeds update k. Under "fixed" staleness
+    (`policy_lag` an int) it acts with exactly version `rollout_version(k, ...)` of `store`,
+    waiting for it; under "latest" (`policy_lag=None`) with the newest version before each
+    inference. Each rollout goes onto `out` as a `Rollout` of one shard per learner device.
+    """
+
+    agent: Agent
+    env: envpool_env.EnvpoolEnv
+    act: Callable  # from `make_actor_functions`
+    pack: Callable  # from `make_actor_functions`, with len(learner_devices) shards
+    store: ParamsStore
+    device_index: int  # which of `store.devices` this actor acts on
+    learner_devices: Sequence[jax.Device]  # this process's, one shard each
+    out: queue.Queue
+    key: jax.Array
+    rollout_length: int
+    policy_lag: int | None  # None: "latest" staleness
+    timeout_s: float
+    start_update: int = 0  # the store's first version (a resumed run's checkpoint)
+    name: str = "actor"
+    counters: ActorCounters | None = None
+    learner_clock: ProgressClock | None = None  # the learner's progress, for this actor's waits
+    actor_clock: ProgressClock | None = None  # ticked after every environment step
+
+    def run(self, stop: threading.Event) -> None:
+        """Acts until `stop` is set (or a wait on the learner stalls: `StallError`)."""
+        fixed = self.policy_lag is not None
+        store, device_index = self.store, self.device_index
+        actor_clock = self.actor_clock or ProgressClock()
+        learner_clock = self.learner_clock or ProgressClock()
+        device = store.devices[device_index]
+        envs_per_thread = self.env.num_envs
+        key = jax.device_put(self.key, device)
+        actor_state = jax.device_put(self.agent.init_actor_state(envs_per_thread), device)
+        timestep = self.env.reset()
+        timestep_dev = jax.device_put(strip_extras(timestep), device)
+        first = True
+        for k in itertools.count(self.start_update + 1):  # rollout k feeds update k
+            # PARAMETERS FOR THIS ROLLOUT
+            wait_start = time.perf_counter()
+            if fixed:
+                version = rollout_version(k, policy_lag=self.policy_lag,
+                                          start_update=self.start_update)
+                params = store.wait_for(version, device_index, stop, self.timeout_s,
+                                        learner_clock)
+                if params is None:
+                    return
+            else:
+                version, params = store.newest(device_index)
+            params_wait = time.perf_counter() - wait_start
+            oldest = newest = version
+
+            # ACT FOR T STEPS; the trajectory stays on the actor device
+            timesteps, actions, extras = [timestep_dev], [], []
+            returns, lengths = [], []
+            for _ in range(self.rollout_length):
+                if stop.is_set():
+                    return
+                if not fixed:
+                    version, params = store.newest(device_index)
+                    newest = version
+                # The first call compiles: not a stall, however long it takes.
+                with actor_clock.busy() if first else contextlib.nullcontext():
+                    action, actor_state, extra, key = self.act(params, actor_state,
+                                                               timestep_dev, key)
+                    first = False
+                timestep = self.env.step(np.asarray(action))
+                actor_clock.tick()
+                timestep_dev = jax.device_put(strip_extras(timestep), device)
+                timesteps.append(timestep_dev)
+                actions.append(action)
+                extras.append(extra)
+                done = timestep.extras["game_over"]
+                if done.any():
+                    returns.extend(timestep.extras["episode_return"][done].tolist())
+                    lengths.extend(timestep.extras["episode_length"][done].tolist())
+
+            # SPLIT ALONG B AND SEND EACH SHARD TO ITS LEARNER DEVICE
+            with (actor_clock.busy() if k == self.start_update + 1
+                  else contextlib.nullcontext()):
+                shards = self.pack(timesteps, actions, extras)
+            shards = [jax.device_put(s, d) for s, d in zip(shards, self.learner_devices)]
+            put_start = time.perf_counter()
+            if not put(self.out, Rollout(list(shards), oldest, newest), stop, self.timeout_s,
+                       self.name, learner_clock):
+                return
+            if self.counters is not None:
+                self.counters.add(env_steps=self.rollout_length * envs_per_thread,
+                                  put_wait_s=time.perf_counter() - put_start,
+                                  params_wait_s=params_wait, episode_returns=returns,
+                                  episode_lengths=lengths)
