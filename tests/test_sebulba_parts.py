@@ -1,0 +1,134 @@
+"""Sebulba's parts run alone, without `train`: one actor filling a queue against a parameter
+store, and the learner loop consuming hand-made rollouts.
+
+Expected values come from the protocols (docstrings of `sebulba.params` and `sebulba.actor`):
+under "fixed" staleness with lag l, rollout k acts with exactly version max(k - 1 - l, 0), so
+with only version 0 published and l = 1 an actor can produce rollouts 1 and 2 and must then
+wait; a rollout of B environments over L learner devices is L shards [1, T+1, B/L], shard l
+holding environments l*B/L .. (l+1)*B/L - 1 and living on learner device l; update u's policy
+lag is (u - 1) - the oldest version in its batch.
+"""
+
+import itertools
+import queue
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import agents
+from experiments.configs import sebulba_vtrace_cartpole
+from podracer import replication
+from sebulba import envpool_env
+from sebulba.actor import Actor, ActorCounters, Rollout, make_actor_functions
+from sebulba.learner import (
+    Learner,
+    abstract_batch,
+    init_learner,
+    make_local_actor_params,
+    make_update,
+)
+from sebulba.params import ParamsStore
+
+T, B = 5, 4
+
+
+def _agent():
+    config = sebulba_vtrace_cartpole.get_config()
+    spec = envpool_env.env_spec("CartPole-v1")
+    return agents.make(config.agent, spec), spec
+
+
+def _wait_for_size(q: queue.Queue, size: int, timeout_s: float = 60.0) -> None:
+    end = time.monotonic() + timeout_s
+    while q.qsize() < size and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def test_an_actor_alone_fills_its_queue_with_the_versions_of_the_fixed_lag_protocol():
+    agent, spec = _agent()
+    actor_device, learner_devices = jax.devices()[0], jax.devices()[1:3]
+    params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
+    store = ParamsStore([actor_device], keep=3)
+    store.publish(0, params)
+    out = queue.Queue()
+    counters = ActorCounters()
+    env = envpool_env.EnvpoolEnv("CartPole-v1", B, seed=7, num_threads=1)
+    act, pack = make_actor_functions(agent, len(learner_devices))
+    actor = Actor(agent=agent, env=env, act=act, pack=pack, store=store, device_index=0,
+                  learner_devices=learner_devices, out=out, key=jax.random.PRNGKey(1),
+                  rollout_length=T, policy_lag=1, timeout_s=60.0, counters=counters)
+    stop = threading.Event()
+    thread = threading.Thread(target=actor.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _wait_for_size(out, 2)
+        time.sleep(1.0)  # rollout 3 needs version 1, which is not published: it must wait
+        assert out.qsize() == 2
+        rollouts = [out.get() for _ in range(2)]
+        store.publish(1, params)
+        _wait_for_size(out, 1)
+        rollouts.append(out.get())
+    finally:
+        stop.set()
+        thread.join(30)
+        env.close()
+    assert not thread.is_alive()
+
+    assert [(r.oldest_version, r.newest_version) for r in rollouts] == [(0, 0), (0, 0), (1, 1)]
+    for r in rollouts:
+        assert len(r.shards) == len(learner_devices)
+        for shard, device in zip(r.shards, learner_devices):
+            assert shard.timestep.observation.shape == (1, T + 1, B // 2, 4)
+            assert shard.action.shape == (1, T, B // 2)
+            assert all(leaf.devices() == {device} for leaf in jax.tree.leaves(shard))
+    # The first timestep of rollout 1 is the reset of the same seed, split along B in order.
+    reference = envpool_env.EnvpoolEnv("CartPole-v1", B, seed=7, num_threads=1)
+    expected = reference.reset().observation
+    reference.close()
+    first = np.concatenate([np.asarray(s.timestep.observation[0, 0]) for s in rollouts[0].shards])
+    np.testing.assert_array_equal(first, expected)
+    # Consecutive rollouts share their boundary timestep (o_T of one is o_0 of the next).
+    for a, b in itertools.pairwise(rollouts):
+        for sa, sb in zip(a.shards, b.shards):
+            np.testing.assert_array_equal(np.asarray(sa.timestep.observation[0, -1]),
+                                          np.asarray(sb.timestep.observation[0, 0]))
+    figures = counters.take()
+    assert figures.rollouts >= 3 and figures.env_steps == figures.rollouts * T * B
+
+
+def _zero_rollout(agent, spec, mesh, version: int) -> Rollout:
+    (abstract,) = abstract_batch(agent, spec, mesh, rollout_length=T, shard_batch=B,
+                                 num_rollouts=1)
+    devices = replication.local_devices(mesh)
+    shards = [jax.tree.map(lambda s, d=d: jnp.zeros((1,) + s.shape[1:], s.dtype, device=d),
+                           abstract) for d in devices]
+    return Rollout(shards, oldest_version=version, newest_version=version)
+
+
+def test_the_learner_loop_alone_consumes_hand_made_rollouts_and_publishes_each_version():
+    agent, spec = _agent()
+    mesh = replication.make_mesh(jax.devices()[:1])
+    state, keys = init_learner(agent, spec, mesh, jax.random.PRNGKey(0), jax.random.PRNGKey(1))
+    update_fn = replication.replicate(make_update(agent), mesh, donate_argnums=(0, 1))
+    store = ParamsStore(jax.devices()[1:2], keep=1)
+    local_actor_params = make_local_actor_params(agent)
+    store.publish(0, local_actor_params(state))
+    q = queue.Queue()
+    for version in (0, 0, 1):  # the versions of a lag-1 run's rollouts 1, 2, 3
+        q.put(_zero_rollout(agent, spec, mesh, version))
+    records = []
+    learner = Learner(update_fn=update_fn, local_actor_params=local_actor_params, state=state,
+                      keys=keys, mesh=mesh, queues=[q], store=store, counters=ActorCounters(),
+                      num_updates=3, steps_per_update=T * B, timeout_s=30.0, seed=0,
+                      log_every=1, log=records.append)
+    learner.run(threading.Event())
+
+    assert learner.done.is_set() and not learner.interrupted
+    assert learner.policy_lags == [0, 1, 1]  # (u - 1) - oldest version, u = 1, 2, 3
+    assert [r["updates"] for r in records] == [1, 2, 3]
+    assert [r["env_steps"] for r in records] == [T * B, 2 * T * B, 3 * T * B]
+    assert store.newest(0)[0] == 3
+    assert all(np.isfinite(r["loss"]) for r in records)
