@@ -1,14 +1,14 @@
 """Anakin: whole agent-environment-update programs compiled and replicated over devices."""
 
 from anakin.config import sweep_runs, validate
-from anakin.runner import (
+from anakin.programs import (
     RunnerState,
-    TrainResult,
     episode_statistics,
     make_evaluator,
     make_programs,
-    train,
+    make_rollout,
 )
+from anakin.runner import TrainResult, train
 
 __all__ = ["RunnerState", "TrainResult", "episode_statistics", "make_evaluator",
-           "make_programs", "sweep_runs", "train", "validate"]
+           "make_programs", "make_rollout", "sweep_runs", "train", "validate"]

@@ -1,7 +1,9 @@
 """The Anakin runner (Hessel et al., 2021, section 3): acting, environment stepping and
 learning in one XLA program per device.
 
-Per device, inside one compiled call:
+The compiled core (the rollout, the `init` and `chunk` programs, greedy evaluation) lives in
+`anakin.programs`; this module is the host loop around it. Per device, inside one compiled
+call:
 
     repeat K times (lax.scan):                              # updates_per_chunk
         repeat T times (lax.scan):                          # rollout_length
@@ -34,167 +36,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import chex
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 import agents
 import envs_jax
 from anakin.config import Run, option, sweep_runs, validate
+from anakin.programs import (
+    FIRST_NONFINITE,
+    RunnerState,
+    make_evaluator,
+    make_programs,
+)
 from podracer import distributed, faults, replication
 from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
 from podracer.agent import Agent
 from podracer.checkpoint import Checkpointer, Preemption, state_layout
-from podracer.types import DEVICE_AXIS, Metrics, Params, PRNGKey, Trajectory
-
-
-@chex.dataclass(frozen=True)
-class RunnerState:
-    """Everything one device carries from chunk to chunk."""
-
-    learner_state: Any
-    actor_state: Any
-    env_state: Any  # [B_per_device, ...]
-    timestep: Any  # [B_per_device, ...] the latest timestep of every environment
-    key: jax.Array  # this device's RNG key
-
-
-def episode_statistics(timesteps: Any) -> dict[str, jax.Array]:
-    """Sums and counts of completed episodes among `timesteps` ([T, B], with the extras that
-    `envs_jax.EpisodeStatistics` adds)."""
-    done = timesteps.last().astype(jnp.float32)
-    return {
-        "episode_return_sum": jnp.sum(done * timesteps.extras["episode_return"]),
-        "episode_length_sum": jnp.sum(done * timesteps.extras["episode_length"]),
-        "episodes": jnp.sum(done),
-    }
-
-
-def make_rollout(agent: Agent, env: envs_jax.Environment, rollout_length: int) -> Callable:
-    """`rollout(params, actor_state, env_state, timestep, key)` -> T steps of experience."""
-
-    def rollout(params, actor_state, env_state, timestep, key):
-        def body(carry, key):
-            actor_state, env_state, timestep = carry
-            action, actor_state, extras = agent.actor_step(params, actor_state, timestep, key)
-            env_state, next_timestep = jax.vmap(env.step)(env_state, action)
-            return (actor_state, env_state, next_timestep), (timestep, action, extras)
-
-        keys = jax.random.split(key, rollout_length)
-        (actor_state, env_state, last), (timesteps, actions, extras) = jax.lax.scan(
-            body, (actor_state, env_state, timestep), keys
-        )
-        all_timesteps = jax.tree.map(
-            lambda xs, x: jnp.concatenate([xs, x[None]], axis=0), timesteps, last
-        )
-        trajectory = Trajectory(timestep=all_timesteps, action=actions, extras=extras)
-        return trajectory, actor_state, env_state, last
-
-    return rollout
-
-
-_FINITE = "_finite"
-FIRST_NONFINITE = "first_nonfinite_update"  # a chunk metric, not logged: see `train`
-
-
-def make_programs(agent: Agent, env: envs_jax.Environment, *, envs_per_device: int,
-                  rollout_length: int, updates_per_chunk: int,
-                  axis_name: str | None = DEVICE_AXIS) -> tuple[Callable, Callable]:
-    """The per-device `init(env_key, params_key) -> RunnerState` and
-    `chunk(RunnerState) -> (RunnerState, metrics)` programs (unreplicated)."""
-    rollout = make_rollout(agent, env, rollout_length)
-
-    def init(env_key: jax.Array, params_key: jax.Array) -> RunnerState:
-        # Same params key on every device: identical initial parameters without a broadcast.
-        learner_state = agent.init(params_key, env.spec())
-        env_key, reset_key = jax.random.split(env_key)
-        env_state, timestep = jax.vmap(env.reset)(jax.random.split(reset_key, envs_per_device))
-        return RunnerState(
-            learner_state=learner_state,
-            actor_state=agent.init_actor_state(envs_per_device),
-            env_state=env_state,
-            timestep=timestep,
-            key=env_key,
-        )
-
-    def update(state: RunnerState, _: Any) -> tuple[RunnerState, Metrics]:
-        key, act_key, learn_key = jax.random.split(state.key, 3)
-        # COLLECT A TRAJECTORY
-        params = agent.actor_params(state.learner_state)
-        trajectory, actor_state, env_state, timestep = rollout(
-            params, state.actor_state, state.env_state, state.timestep, act_key
-        )
-        # LEARN FROM IT
-        learner_state, metrics = agent.learner_step(
-            state.learner_state, trajectory, learn_key, axis_name=axis_name
-        )
-        finite = faults.all_finite(metrics, agent.actor_params(learner_state))
-        # Timesteps o_1 .. o_T are new in this rollout (o_0 was the previous one's o_T).
-        new_timesteps = jax.tree.map(lambda x: x[1:], trajectory.timestep)
-        metrics = {**metrics, **episode_statistics(new_timesteps), _FINITE: finite}
-        state = RunnerState(learner_state=learner_state, actor_state=actor_state,
-                            env_state=env_state, timestep=timestep, key=key)
-        return state, metrics
-
-    def chunk(state: RunnerState) -> tuple[RunnerState, Metrics]:
-        state, metrics = jax.lax.scan(update, state, length=updates_per_chunk)
-        # The first update (0-based, within the chunk) whose loss or parameters are not
-        # finite on any device; `updates_per_chunk` when all are.
-        first_bad = faults.first_false(metrics.pop(_FINITE))
-        counts = {k: jnp.sum(metrics.pop(k)) for k in list(metrics) if k.startswith("episode")}
-        means = jax.tree.map(jnp.mean, metrics)
-        if axis_name is not None:
-            counts = jax.lax.psum(counts, axis_name)
-            means = jax.lax.pmean(means, axis_name)
-            first_bad = jax.lax.pmin(first_bad, axis_name)
-        return state, {**means, **counts, FIRST_NONFINITE: first_bad}
-
-    return init, chunk
-
-
-def make_evaluator(agent: Agent, env: envs_jax.Environment, *, num_episodes: int,
-                   max_steps: int) -> Callable[[Params, PRNGKey], Metrics]:
-    """`evaluate(params, key)` -> greedy returns over `num_episodes` fresh environments.
-
-    Each environment plays one episode with `actor_step(..., evaluation=True)`; the loop stops
-    when all have ended or after `max_steps` steps (an unfinished episode counts with its
-    return so far). Returns `eval_return` (mean), `eval_return_std` and `eval_finished` (the
-    fraction of episodes that ended).
-    """
-
-    def evaluate(params: Params, key: PRNGKey) -> Metrics:
-        reset_key, act_key = jax.random.split(key)
-        env_state, timestep = jax.vmap(env.reset)(jax.random.split(reset_key, num_episodes))
-        actor_state = agent.init_actor_state(num_episodes)
-        returns = jnp.zeros(timestep.reward.shape, jnp.float32)
-        done = jnp.zeros((num_episodes,), bool)
-
-        def cond(carry):
-            t, *_, done = carry
-            return (t < max_steps) & ~jnp.all(done)
-
-        def body(carry):
-            t, key, actor_state, env_state, timestep, returns, done = carry
-            key, step_key = jax.random.split(key)
-            action, actor_state, _ = agent.actor_step(params, actor_state, timestep, step_key,
-                                                      evaluation=True)
-            env_state, timestep = jax.vmap(env.step)(env_state, action)
-            # Rewards after an environment's first LAST belong to its next episode.
-            live = jnp.reshape(~done, (-1,) + (1,) * (returns.ndim - 1))
-            returns = returns + jnp.where(live, timestep.reward.astype(jnp.float32), 0.0)
-            done = done | timestep.last()
-            return t + 1, key, actor_state, env_state, timestep, returns, done
-
-        carry = (jnp.zeros((), jnp.int32), act_key, actor_state, env_state, timestep, returns,
-                 done)
-        *_, returns, done = jax.lax.while_loop(cond, body, carry)
-        return {"eval_return": jnp.mean(returns), "eval_return_std": jnp.std(returns),
-                "eval_finished": jnp.mean(done.astype(jnp.float32))}
-
-    return evaluate
 
 
 @dataclasses.dataclass
