@@ -7,7 +7,7 @@ the whole run):
     actor thread (A x N of them; each owns an envpool batch of B environments):
         timestep = env.reset()
         for rollout k = 1, 2, ...:
-            params = params_store.for_rollout(k)             # staleness: sebulba.params
+            params = store.version(rollout_version(k))       # staleness: sebulba.params
             repeat T times:
                 on the actor device: action, extras = actor_step(params, timestep)
                 on the host:         timestep = env.step(action)   # envpool's C++ threads
