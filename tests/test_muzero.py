@@ -4,6 +4,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import mctx
 import numpy as np
 import pytest
 
@@ -373,3 +374,89 @@ def test_unroll_targets_across_window_edges_a_terminal_and_a_truncation(target_p
         # The unroll feeds the actions a_tau .. a_tau+2 to the dynamics.
         np.testing.assert_array_equal(np.asarray(sample.windows["action"])[i, :3],
                                       (position + np.arange(3)) % 3)
+
+
+def test_frame_stacks_rebuilt_exactly_on_a_real_atari_stream_with_episodic_life():
+    """envpool Breakout under the IMPALA protocol (episodic life): a life loss ends the
+    training episode but the stack is refilled only at a game reset. From what the replay
+    stores (one frame and a restart flag per step) every observation the actor saw is
+    rebuilt exactly."""
+    from sebulba import envpool_env
+
+    task = "Breakout-v5"
+    env = envpool_env.EnvpoolEnv(task, 1, seed=0, num_threads=1,
+                                 options=envpool_env.make_options(task, "impala"))
+    rng = np.random.default_rng(0)
+    timesteps = [env.reset()]
+    for _ in range(600):
+        timesteps.append(env.step(rng.integers(0, 4, 1)))
+    env.close()
+    observation = np.stack([envpool_env.to_agent_layout(t.observation) for t in timesteps])
+    step_type = np.stack([t.step_type for t in timesteps])  # [601, 1]
+    game_over = np.stack([t.extras["game_over"] for t in timesteps])[:, 0]
+    n = len(timesteps) - 1
+    trajectory = Trajectory(
+        timestep=TimeStep(step_type=jnp.asarray(step_type), reward=jnp.zeros((n + 1, 1)),
+                          discount=jnp.ones((n + 1, 1)), observation=jnp.asarray(observation)),
+        action=jnp.zeros((n, 1), jnp.int32), extras={"policy": jnp.full((n, 1, 4), 0.25)})
+    steps, _ = muzero.to_replay_steps(trajectory, frames_once=True)
+    frames, restarts = steps["frame"][:, 0], steps["stack_restart"][:, 0]
+    assert frames.shape == (n, 84, 84) and frames.dtype == jnp.uint8
+    # Several lives lost within games: FIRST steps after a LAST that was not a game over,
+    # whose stacks still hold the previous life's frames.
+    life_lost = np.flatnonzero((step_type[1:, 0] == StepType.FIRST) & ~game_over[:-1]) + 1
+    life_lost = life_lost[life_lost < n]
+    assert len(life_lost) >= 3, life_lost
+    assert not np.any(np.all(observation[life_lost, 0] == observation[life_lost, 0][..., -1:],
+                             axis=(1, 2, 3)))
+    rebuilt = jax.jit(jax.vmap(lambda t: muzero.frame_stack(frames, restarts, t, 4)))(
+        jnp.arange(n))
+    np.testing.assert_array_equal(np.asarray(rebuilt), observation[:n, 0])
+
+
+def test_reanalyse_moves_policy_targets_to_the_target_networks_search():
+    config = muzero.default_config()
+    config.unroll_steps, config.td_steps, config.rollout_length = 1, 1, 3
+    config.replay_capacity, config.reanalyse_fraction, config.num_simulations = 12, 1.0, 8
+    config.hidden_sizes, config.latent_size = (16,), 16
+    network = muzero.make_network(config, SPEC)
+    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, 10, 5)), jnp.zeros((1,), jnp.int32))
+    # Random output layers too (they start at zero): a model whose values are not all 0.
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+    params = jax.tree.unflatten(treedef, [x + 0.3 * jax.random.normal(k, x.shape)
+                                          for x, k in zip(leaves, keys)])
+    replay, example, history = muzero.make_replay(config, SPEC)
+    state = replay.init(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), example))
+    for i in range(2):  # the actors' searches put all mass on action 0
+        trajectory = _mid_episode_trajectory(t=3, b=2)
+        obs = jax.random.uniform(jax.random.PRNGKey(10 + i), (4, 2, 10, 5))
+        trajectory = trajectory.replace(
+            timestep=trajectory.timestep.replace(observation=obs),
+            extras={"policy": jnp.zeros((3, 2, 3)).at[..., 0].set(1.0)})
+        steps, sampleable = muzero.to_replay_steps(trajectory, frames_once=False)
+        state = replay.add(state, steps, sampleable)
+    sample = replay.sample(state, jax.random.PRNGKey(2), 4, alpha=0.0, beta=1.0)
+    key = jax.random.PRNGKey(3)
+    targets = muzero.batch_targets(network, params, sample.windows, key, config,
+                                   history=history)
+    # Reference: mctx's PUCT search with the target network at o_tau, o_tau+1 (the policy
+    # targets) and the bootstrap observations o_tau+1, o_tau+2 (n = 1), in one batch.
+    obs = sample.windows["observation"][:, jnp.array([0, 1, 1, 2])].reshape(16, 10, 5)
+    latent = network.apply(params, obs, method="represent")
+    prior, value_logits = network.apply(params, latent, method="predict")
+    root = mctx.RootFnOutput(prior_logits=prior, embedding=latent, value=muzero.probs_to_scalar(
+        jax.nn.softmax(value_logits), config.support_size))
+    out = mctx.muzero_policy(
+        params, key, root, muzero.make_recurrent_fn(network, config.support_size,
+                                                    config.discount),
+        num_simulations=8, dirichlet_fraction=config.dirichlet_fraction,
+        dirichlet_alpha=config.dirichlet_alpha, temperature=config.temperature)
+    searched = np.asarray(out.action_weights).reshape(4, 4, 3)
+    np.testing.assert_allclose(np.asarray(targets.policy), searched[:, :2], rtol=1e-5)
+    # 8 simulations over 3 actions never all go to action 0: the targets moved.
+    assert np.all(np.asarray(targets.policy)[..., 0] < 0.99)
+    # Value targets z_k = r + g v_search(o_k+1) with r = 0 inside these episodes.
+    root_values = np.asarray(out.search_tree.summary().value).reshape(4, 4)
+    np.testing.assert_allclose(np.asarray(targets.value), config.discount * root_values[:, 2:],
+                               rtol=1e-4, atol=1e-5)
