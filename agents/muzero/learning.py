@@ -80,8 +80,9 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
     position at index H), leaves [S, K+1, ...].
 
     The target network evaluates only the K+1 observations each target bootstraps from
-    (`config.target_positions == "bootstrap"`); "window" evaluates all K + n + 1 and picks
-    those, the width of computing targets for whole windows, kept to measure the saving.
+    (`config.target_positions == "bootstrap"`); "window" evaluates (and Reanalyse searches)
+    all K + n + 1 and picks those, the width of computing targets for whole windows, kept to
+    measure the saving.
     Reanalyse (the first `round(reanalyse_fraction * S)` samples) searches with the target
     network at the K+1 unroll positions (policy targets) and at the bootstrap positions
     (values). `key` is consumed by that search."""
@@ -112,15 +113,23 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
     if num_reanalyse:
         # REANALYSE: fresh searches with the target network.
         sub = jax.tree.map(lambda x: x[:num_reanalyse], windows)
-        unroll = jnp.broadcast_to(jnp.arange(k1), (num_reanalyse, k1))
-        obs = observations_at(sub, history + jnp.concatenate([unroll, boot[:num_reanalyse]], 1),
-                              history=history)
+        if config.target_positions == "window":
+            where = jnp.broadcast_to(jnp.arange(step_types.shape[1]),
+                                     (num_reanalyse, step_types.shape[1]))
+        else:  # the unroll positions, then the bootstrap positions
+            where = jnp.concatenate(
+                [jnp.broadcast_to(jnp.arange(k1), (num_reanalyse, k1)), boot[:num_reanalyse]], 1)
+        obs = observations_at(sub, history + where, history=history)
         out = run_search(network, target_params, obs.reshape((-1,) + obs.shape[2:]), key,
                          config, evaluation=False)
-        searched = out.action_weights.reshape(num_reanalyse, 2 * k1, -1)
-        root_values = out.search_tree.summary().value.reshape(num_reanalyse, 2 * k1)
+        searched = out.action_weights.reshape(where.shape + (-1,))
+        root_values = out.search_tree.summary().value.reshape(where.shape)
         policies = policies.at[:num_reanalyse, :k1].set(searched[:, :k1])
-        boot_values = boot_values.at[:num_reanalyse].set(root_values[:, k1:])
+        if config.target_positions == "window":
+            root_values = jnp.take_along_axis(root_values, boot[:num_reanalyse], axis=1)
+        else:
+            root_values = root_values[:, k1:]
+        boot_values = boot_values.at[:num_reanalyse].set(root_values)
     targets = jax.vmap(functools.partial(
         tgt.unroll_targets, num_unroll=config.unroll_steps, n=config.td_steps,
         discount=config.discount))(ahead["reward"], ahead["discount"], step_types, policies,
