@@ -460,3 +460,32 @@ def test_reanalyse_moves_policy_targets_to_the_target_networks_search():
     root_values = np.asarray(out.search_tree.summary().value).reshape(4, 4)
     np.testing.assert_allclose(np.asarray(targets.value), config.discount * root_values[:, 2:],
                                rtol=1e-4, atol=1e-5)
+
+
+def test_hyperparameters_are_held_in_the_learner_state_and_sweepable():
+    config = muzero.default_config()
+    config.rollout_length, config.replay_capacity = 3, 24
+    agent = agents.make(config, SPEC)
+    assert set(agent.sweepable) == {"learning_rate", "max_grad_norm", "weight_decay",
+                                    "value_cost", "priority_exponent", "importance_exponent"}
+    state = agent.init(jax.random.PRNGKey(0), SPEC)
+    state = agent.set_hparams(state, {"learning_rate": 0.5, "priority_exponent": 0.6})
+    assert float(state.opt_state.hyperparams["learning_rate"]) == 0.5
+    np.testing.assert_allclose(float(state.hparams["priority_exponent"]), 0.6)
+    with pytest.raises(KeyError, match="discount"):
+        agent.set_hparams(state, {"discount": 0.9})
+    # One compiled Anakin program runs uniform and prioritised replay side by side.
+    catch = muzero_catch.get_config()
+    catch.num_devices, catch.num_envs, catch.updates_per_chunk = 1, 8, 3
+    catch.total_env_steps = 8 * 10 * 3 * 2
+    catch.agent.unroll_steps, catch.agent.num_simulations = 1, 2
+    catch.agent.hidden_sizes, catch.agent.latent_size = (16,), 16
+    catch.agent.batch_size, catch.agent.min_replay_items = 8, 8
+    catch.sweep.seeds = (0, 0)
+    catch.sweep.agent.priority_exponent = (0.0, 0.6)
+    result = anakin.train(catch)
+    hparams = result.state.learner_state.hparams["priority_exponent"]
+    np.testing.assert_allclose(np.asarray(hparams).reshape(-1), [0.0, 0.6], rtol=1e-6)
+    priorities = np.asarray(result.state.learner_state.replay.priorities).reshape(2, -1)
+    # The same seed: only alpha differs, so the runs sampled (and re-prioritised) differently.
+    assert not np.array_equal(priorities[0], priorities[1])
