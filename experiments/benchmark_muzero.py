@@ -7,6 +7,10 @@ network forward passes alone, measured in the same run.
   the search's own overhead.
 - Anakin: environment steps per second of the compiled MuZero-Anakin chunk on Catch (acting
   with search, replay insertion, updates) next to the acting network passes alone.
+- Learner: MuZero learner updates per second on the replay that run filled, with the target
+  network (and Reanalyse) on the K+1 observations the targets bootstrap from
+  (`agent.target_positions="bootstrap"`) and on every position of each sampled window
+  ("window", the width of computing targets for whole segments), same config, same run.
 
     python -m experiments.benchmark_muzero [--roots=256] [--simulations=16]
 """
@@ -30,6 +34,10 @@ from experiments.configs import muzero_catch
 _ROOTS = flags.DEFINE_integer("roots", 256, "Batch of search roots.")
 _SIMS = flags.DEFINE_integer("simulations", 16, "Simulations per search.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per figure (best is kept).")
+_LEARNER_UPDATES = flags.DEFINE_integer("learner_updates", 20, "Learner updates per timed call.")
+_TD_STEPS = flags.DEFINE_integer("td_steps", 0, "n of the learner figures; 0: the config's.")
+_REANALYSE = flags.DEFINE_float("reanalyse_fraction", 0.0,
+                                "Share of each learner batch reanalysed, learner figures.")
 
 
 def _best(fn, *args):
@@ -45,6 +53,8 @@ def _best(fn, *args):
 def main(argv):
     del argv
     config = muzero_catch.get_config()
+    if _TD_STEPS.value:
+        config.agent.td_steps = _TD_STEPS.value
     env = envs_jax.wrap_for_training(envs_jax.make(config.env.name))
     spec = env.spec()
     b, sims = _ROOTS.value, _SIMS.value
@@ -114,6 +124,39 @@ def main(argv):
           f"{steps / best:>10,.0f} env steps/s")
     print(f"  acting network passes alone (1 + {acting_sims} per env step): "
           f"{n / acting_s:>10,.0f} env steps/s")
+
+    # LEARNER: targets where they are used vs on whole windows, timed alternately
+    learner_state = state.learner_state
+    programs = {}
+    for positions in ("window", "bootstrap"):
+        learner_config = config.agent.copy_and_resolve_references()
+        learner_config.target_positions = positions
+        learner_config.reanalyse_fraction = _REANALYSE.value
+        network = muzero.make_network(learner_config, spec)
+        replay, _, history = muzero.make_replay(learner_config, spec)
+        optimizer = muzero.make_optimizer(learner_config)
+
+        def updates(state, key, learner_config=learner_config, network=network,
+                    replay=replay, optimizer=optimizer, history=history):
+            def one(state, key):
+                return muzero.learner_update(network, optimizer, replay, learner_config,
+                                             state, key, history=history, axis_name=None)
+            keys = jax.random.split(key, _LEARNER_UPDATES.value)
+            return jax.lax.scan(one, state, keys)[1]["loss"]
+
+        programs[positions] = jax.jit(updates)
+        jax.block_until_ready(programs[positions](learner_state, jax.random.PRNGKey(3)))
+    best = dict.fromkeys(programs, float("inf"))
+    for _ in range(_REPEATS.value):  # alternate, so both see the same machine load
+        for positions, program in programs.items():
+            start = time.perf_counter()
+            jax.block_until_ready(program(learner_state, jax.random.PRNGKey(3)))
+            best[positions] = min(best[positions], time.perf_counter() - start)
+    a = config.agent
+    for positions, seconds in best.items():
+        print(f"learner updates, targets on {positions:>9} positions (batch {a.batch_size}, "
+              f"K={a.unroll_steps}, n={a.td_steps}, reanalyse {_REANALYSE.value}): "
+              f"{_LEARNER_UPDATES.value / seconds:>8,.1f} updates/s")
 
 
 if __name__ == "__main__":

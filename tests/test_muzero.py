@@ -4,6 +4,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import mctx
 import numpy as np
 import pytest
 
@@ -13,7 +14,7 @@ from agents import muzero
 from experiments.configs import muzero_catch
 from podracer import replication
 from podracer.config import ConfigError
-from podracer.types import DiscreteSpec, ArraySpec, EnvSpec, StepType, TimeStep, Trajectory
+from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, StepType, TimeStep, Trajectory
 
 SPEC = EnvSpec(observation=ArraySpec((10, 5), np.float32), action=DiscreteSpec(3))
 
@@ -77,7 +78,7 @@ def test_actor_step_searches_and_returns_a_policy(search):
                         discount=jnp.ones(5), observation=jnp.zeros((5, 10, 5)))
     action, _, extras = agent.actor_step(state.params, (), timestep, jax.random.PRNGKey(1))
     assert action.shape == (5,) and action.dtype == jnp.int32
-    assert extras["policy"].shape == (5, 3) and extras["root_value"].shape == (5,)
+    assert extras["policy"].shape == (5, 3) and set(extras) == {"policy"}
     np.testing.assert_allclose(extras["policy"].sum(-1), 1.0, rtol=1e-5)
     greedy, _, extras = agent.actor_step(state.params, (), timestep, jax.random.PRNGKey(1),
                                          evaluation=True)
@@ -90,7 +91,7 @@ def _mid_episode_trajectory(t, b):
         timestep=TimeStep(step_type=jnp.ones((t + 1, b), jnp.int32), reward=jnp.zeros((t + 1, b)),
                           discount=jnp.ones((t + 1, b)), observation=jnp.zeros((t + 1, b, 10, 5))),
         action=jnp.zeros((t, b), jnp.int32),
-        extras={"policy": jnp.full((t, b, 3), 1 / 3), "root_value": jnp.zeros((t, b))},
+        extras={"policy": jnp.full((t, b, 3), 1 / 3)},
     )
 
 
@@ -99,16 +100,18 @@ def test_learner_step_inserts_the_trajectory_and_waits_for_enough_data(reanalyse
     config = muzero.default_config()
     config.reanalyse_fraction = reanalyse_fraction
     config.unroll_steps, config.td_steps, config.hidden_sizes, config.latent_size = 1, 2, (16,), 16
-    config.rollout_length, config.replay_capacity, config.min_replay_items = 3, 16, 8
+    config.rollout_length, config.replay_capacity, config.min_replay_items = 3, 24, 8
     config.batch_size, config.num_simulations = 4, 2
     agent = agents.make(config, SPEC)
     state = agent.init(jax.random.PRNGKey(0), SPEC)
     trajectory = _mid_episode_trajectory(t=3, b=4)
     step = jax.jit(lambda s, k: agent.learner_step(s, trajectory, k, axis_name=None))
+    # K + n = 3 = T: the first window's 3 positions lie before the stream, so nothing is
+    # sampleable until the second trajectory, which makes 3 positions per column.
     state, metrics = step(state, jax.random.PRNGKey(1))
-    assert int(state.replay.size) == 4 and int(state.updates) == 0  # 4 < 8: no update yet
+    assert float(metrics["replay_size"]) == 0 and int(state.updates) == 0
     state, metrics = step(state, jax.random.PRNGKey(2))
-    assert int(state.replay.size) == 8 and int(state.updates) == 1
+    assert float(metrics["replay_size"]) == 12 and int(state.updates) == 1
     assert math.isfinite(float(metrics["loss"]))
 
 
@@ -168,9 +171,9 @@ def test_muzero_runs_replicated_on_eight_devices():
     for other in params[1:]:
         for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(other)):
             np.testing.assert_array_equal(a, b)
-    # Each device keeps its own replay shard: 8 envs x 6 insertions = 48 segments each.
-    sizes = [int(s) for s in np.asarray(state.replay.size)]
-    assert sizes == [48] * 8
+    # Each device keeps its own replay shard: 6 insertions of its 8 environments' columns.
+    assert [int(a) for a in np.asarray(state.replay.adds)] == [6] * 8
+    assert [int(i) for i in np.asarray(state.replay.next_index)] == [48] * 8
     observations = replication.local_slices(state.replay.items["observation"])
     assert not np.array_equal(observations[0], observations[1])
     assert int(np.asarray(state.updates)[0]) > 0
@@ -196,53 +199,293 @@ def test_muzero_sebulba_improves_on_cartpole():
 
 
 def _frame_stacked_stream(num_steps, num_stack=4, shape=(3, 2), seed=0):
-    """What a frame stacker (newest frame last; a reset fills the stack with the first frame,
-    as envpool does) produces over a stream with random resets: observations and step types."""
+    """What envpool's frame stacker (newest frame last) produces over a stream with game
+    resets, which fill the stack with the first frame, and life losses, which start a new
+    training episode (FIRST) but only push the frame: observations and step types."""
     rng = np.random.default_rng(seed)
     stack, observations, step_types = None, [], []
     for t in range(num_steps):
         frame = rng.integers(0, 255, shape, dtype=np.uint8)
-        reset = t == 0 or rng.random() < 0.15
+        event = rng.random()
+        reset = t == 0 or event < 0.1
+        life_lost = not reset and event < 0.25
         stack = [frame] * num_stack if reset else stack[1:] + [frame]
         observations.append(np.stack(stack, -1))
-        step_types.append(StepType.FIRST if reset else StepType.MID)
+        step_types.append(StepType.FIRST if reset or life_lost else StepType.MID)
     return np.array(observations), np.array(step_types, np.int32)
 
 
-def test_frame_stacks_rebuilt_from_one_frame_per_step_are_exact():
-    observations, step_types = _frame_stacked_stream(60)
-    for start in range(45):  # every window: starting mid-episode, on a reset, resets inside
-        segment = observations[start:start + 11]
-        rebuilt = muzero.rebuild_frame_stacks(jnp.asarray(segment[..., -1]),
-                                              jnp.asarray(segment[0]),
-                                              jnp.asarray(step_types[start:start + 11]))
-        np.testing.assert_array_equal(np.asarray(rebuilt), segment)
+def test_frame_stacks_rebuilt_from_one_frame_per_step_are_exact_across_life_losses():
+    observations, step_types = _frame_stacked_stream(80)
+    frames = jnp.asarray(observations[..., -1])
+    restarts = muzero.stack_restarts(jnp.asarray(observations))
+    # The stream has life losses: FIRST steps whose stack is not one repeated frame.
+    assert np.sum((step_types == StepType.FIRST) & ~np.asarray(restarts)) >= 5
+    for t in range(80):
+        rebuilt = muzero.frame_stack(frames, restarts, jnp.asarray(t), 4)
+        np.testing.assert_array_equal(np.asarray(rebuilt), observations[t])
 
 
 def test_image_replay_stores_each_frame_once_and_learns_from_rebuilt_stacks():
     spec = EnvSpec(observation=ArraySpec((12, 12, 4), np.uint8), action=DiscreteSpec(3))
     config = muzero.default_config()
-    config.rollout_length, config.replay_capacity, config.min_replay_items = 4, 8, 2
+    config.rollout_length, config.replay_capacity, config.min_replay_items = 4, 8, 3
     config.batch_size, config.num_simulations, config.channels = 2, 2, 8
     config.num_blocks, config.hidden_sizes, config.unroll_steps, config.td_steps = 1, (16,), 1, 2
     agent = agents.make(config, spec)
     state = agent.init(jax.random.PRNGKey(0), spec)
     assert "observation" not in state.replay.items
-    assert state.replay.items["frames"].shape == (8, 5, 12, 12)  # one frame per timestep
-    assert state.replay.items["first_stack"].shape == (8, 12, 12, 4)
-    assert state.replay.items["frames"].dtype == jnp.uint8
-    observations, step_types = _frame_stacked_stream(5, shape=(12, 12), seed=1)
+    # 2 windows of H + K + n + T = 3 + 3 + 4 timesteps, one frame each.
+    assert state.replay.items["frame"].shape == (2, 10, 12, 12)
+    assert state.replay.items["frame"].dtype == jnp.uint8
+    observations, step_types = _frame_stacked_stream(9, shape=(12, 12), seed=1)
     b = 2
-    trajectory = Trajectory(
-        timestep=TimeStep(
-            step_type=jnp.broadcast_to(jnp.asarray(step_types)[:, None], (5, b)),
-            reward=jnp.zeros((5, b)), discount=jnp.ones((5, b)),
-            observation=jnp.broadcast_to(jnp.asarray(observations)[:, None], (5, b, 12, 12, 4))),
-        action=jnp.zeros((4, b), jnp.int32),
-        extras={"policy": jnp.full((4, b, 3), 1 / 3), "root_value": jnp.zeros((4, b))},
-    )
-    state, metrics = jax.jit(lambda s: agent.learner_step(s, trajectory, jax.random.PRNGKey(1),
-                                                          axis_name=None))(state)
+
+    def trajectory(start):
+        o = observations[start:start + 5]
+        return Trajectory(
+            timestep=TimeStep(
+                step_type=jnp.broadcast_to(jnp.asarray(step_types[start:start + 5])[:, None],
+                                           (5, b)),
+                reward=jnp.zeros((5, b)), discount=jnp.ones((5, b)),
+                observation=jnp.broadcast_to(jnp.asarray(o)[:, None], (5, b, 12, 12, 4))),
+            action=jnp.zeros((4, b), jnp.int32),
+            extras={"policy": jnp.full((4, b, 3), 1 / 3)},
+        )
+
+    step = jax.jit(lambda s, tr: agent.learner_step(s, tr, jax.random.PRNGKey(1),
+                                                    axis_name=None))
+    state, _ = step(state, trajectory(0))
+    state, metrics = step(state, trajectory(4))
     assert int(state.updates) == 1 and math.isfinite(float(metrics["loss"]))
-    np.testing.assert_array_equal(np.asarray(state.replay.items["frames"][0]),
-                                  observations[..., -1])
+    # The second window of column 0 (slot 0 after the wrap) holds stream times -2 .. 7.
+    np.testing.assert_array_equal(np.asarray(state.replay.items["frame"][0, 2:]),
+                                  observations[:8, ..., -1])
+
+
+class _ValueIsObservation:
+    """A stand-in network for the target network: h(o) = o and f's value is o[0] exactly
+    (logits log phi(o[0]), whose softmax is phi(o[0])), so targets show which observation
+    each bootstrap read."""
+
+    def apply(self, params, x, *args, method):
+        del params, args
+        assert method in ("represent", "predict"), method
+        if method == "represent":
+            return x
+        logits = jnp.log(muzero.scalar_to_probs(x[:, 0], 10))
+        return jnp.zeros((x.shape[0], 3)), logits
+
+
+def _hand_worked_stream():
+    """One environment, times 0..12, as three trajectories of T = 4 (o_4i .. o_4i+4):
+
+        t        0  1   2   3    4  5   6   7    8  9   10  11  12
+        step     F  M   M   L    F  M   M   L    F  M   M   M   M
+        reward   0  .1  .2  1    0  .5  .6  2    0  .9  1   1.1 1.2
+        discount 1  1   1   0    1  1   1   1    1  1   1   1   1
+                            ^ terminal       ^ truncated (time limit)
+
+    o_t = [10 + t] (so the stand-in value of o_t is 10 + t), a_t = t mod 3 and the stored
+    search policy pi_t = [t + 1, 1, 1] / (t + 3)."""
+    t = np.arange(13)
+    step = np.array([0, 1, 1, 2, 0, 1, 1, 2, 0, 1, 1, 1, 1])
+    reward = np.array([0, .1, .2, 1, 0, .5, .6, 2, 0, .9, 1, 1.1, 1.2], np.float32)
+    discount = np.where(t == 3, 0.0, 1.0).astype(np.float32)
+    policy = np.stack([t + 1, np.ones(13), np.ones(13)], -1) / (t + 3)[:, None]
+    trajectories = []
+    for i in range(3):
+        s = slice(4 * i, 4 * i + 5)
+        trajectories.append(Trajectory(
+            timestep=TimeStep(step_type=jnp.asarray(step[s])[:, None],
+                              reward=jnp.asarray(reward[s])[:, None],
+                              discount=jnp.asarray(discount[s])[:, None],
+                              observation=jnp.asarray(10.0 + t[s], jnp.float32)[:, None, None]),
+            action=jnp.asarray(t[4 * i:4 * i + 4] % 3, jnp.int32)[:, None],
+            extras={"policy": jnp.asarray(policy[4 * i:4 * i + 4], jnp.float32)[:, None]},
+        ))
+    return trajectories, policy
+
+
+def _targets(*, reward, value, policy, reward_mask, value_mask, policy_mask):
+    return {"reward": reward, "value": value, "policy": policy, "reward_mask": reward_mask,
+            "value_mask": value_mask, "policy_mask": policy_mask}
+
+
+@pytest.mark.parametrize("target_positions", ["bootstrap", "window"])
+def test_unroll_targets_across_window_edges_a_terminal_and_a_truncation(target_positions):
+    spec = EnvSpec(observation=ArraySpec((1,), np.float32), action=DiscreteSpec(3))
+    config = muzero.default_config()
+    config.unroll_steps, config.td_steps, config.discount = 3, 2, 0.5
+    config.rollout_length, config.replay_capacity = 4, 12
+    config.target_positions = target_positions
+    replay, example, history = muzero.make_replay(config, spec)
+    state = replay.init(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), example))
+    trajectories, policy = _hand_worked_stream()
+    for trajectory in trajectories:
+        steps, sampleable = muzero.to_replay_steps(trajectory, frames_once=False)
+        state = replay.add(state, steps, sampleable)
+    sample = replay.sample(state, jax.random.PRNGKey(0), 400, alpha=0.0, beta=1.0)
+    targets = muzero.batch_targets(_ValueIsObservation(), None, sample.windows, None, config,
+                                   history=history)
+    tau = np.asarray(sample.windows["observation"])[:, 0, 0] - 10
+    # Positions t = 0..6 can be sampled (t + K + n <= 11, the last stored timestep) except
+    # the LAST ones, 3: 0, 1, 2, 4, 5, 6.
+    assert set(tau.astype(int).tolist()) == {0, 1, 2, 4, 5, 6}
+    uniform = np.full(3, 1 / 3)
+    g = 0.5
+    expected = {
+        # tau = 1: the window o_1 .. o_6 crosses the first trajectory edge; the episode ends
+        # in a terminal at o_3 (k = 2): bootstraps b_k = (o_3, o_3, o_3, o_6), o_3 worth 0.
+        # z_0 = r_2 + g r_3 = .2 + .5; z_1 = r_3 = 1; z_2 = 0 (terminal);
+        # k = 3 is the absorbing state: reward 0, value 0, uniform policy, all trained.
+        1: _targets(reward=[0, .2, 1, 0], value=[.2 + g * 1, 1, 0, 0],
+                    policy=[policy[1], policy[2], uniform, uniform],
+                    reward_mask=[0, 1, 1, 1], value_mask=[1, 1, 1, 1], policy_mask=[1, 1, 1, 1]),
+        # tau = 5: o_5 .. o_10 crosses the second edge; the episode is truncated at o_7
+        # (k = 2), which bootstraps from its own value 17:
+        # z_0 = r_6 + g r_7 + g^2 17 = .6 + 1 + 4.25; z_1 = r_7 + g 17 = 2 + 8.5; z_2 = 17;
+        # o_7 keeps its stored search policy; past a truncation nothing is trained (k = 3).
+        5: _targets(reward=[0, .6, 2, 0], value=[.6 + g * 2 + g * g * 17, 2 + g * 17, 17, 0],
+                    policy=[policy[5], policy[6], policy[7], uniform],
+                    reward_mask=[0, 1, 1, 0], value_mask=[1, 1, 1, 0], policy_mask=[1, 1, 1, 0]),
+        # tau = 6: o_6 .. o_11; k = 1 is the truncated o_7, then the next episode's o_8, o_9
+        # are not this episode's: masked. z_0 = r_7 + g 17 = 10.5; z_1 = 17.
+        6: _targets(reward=[0, 2, 0, 0], value=[2 + g * 17, 17, 0, 0],
+                    policy=[policy[6], policy[7], uniform, uniform],
+                    reward_mask=[0, 1, 0, 0], value_mask=[1, 1, 0, 0], policy_mask=[1, 1, 0, 0]),
+        # tau = 2: o_2 .. o_7; z_0 = r_3 = 1 (terminal next), then o_3 terminal and two
+        # absorbing steps.
+        2: _targets(reward=[0, 1, 0, 0], value=[1, 0, 0, 0],
+                    policy=[policy[2], uniform, uniform, uniform],
+                    reward_mask=[0, 1, 1, 1], value_mask=[1, 1, 1, 1], policy_mask=[1, 1, 1, 1]),
+        # tau = 4: o_4 .. o_9, all n-step: b = (o_6, o_7, o_7, o_7), the truncation at o_7 cuts
+        # steps 2.., so z_0 = r_5 + g r_6 + g^2 16 = .5 + .3 + 4; z_1 = r_6 + g r_7 + g^2 17;
+        # z_2 = r_7 + g 17; z_3 = 17.
+        4: _targets(reward=[0, .5, .6, 2], value=[.5 + .3 + 4, .6 + 1 + 4.25, 2 + 8.5, 17],
+                    policy=[policy[4], policy[5], policy[6], policy[7]],
+                    reward_mask=[0, 1, 1, 1], value_mask=[1, 1, 1, 1], policy_mask=[1, 1, 1, 1]),
+    }
+    for position, fields in expected.items():
+        i = int(np.flatnonzero(tau == position)[0])
+        for name, value in fields.items():
+            np.testing.assert_allclose(np.asarray(getattr(targets, name))[i], value,
+                                       rtol=1e-3, atol=1e-4, err_msg=f"tau={position} {name}")
+        # The unroll feeds the actions a_tau .. a_tau+2 to the dynamics.
+        np.testing.assert_array_equal(np.asarray(sample.windows["action"])[i, :3],
+                                      (position + np.arange(3)) % 3)
+
+
+def test_frame_stacks_rebuilt_exactly_on_a_real_atari_stream_with_episodic_life():
+    """envpool Breakout under the IMPALA protocol (episodic life): a life loss ends the
+    training episode but the stack is refilled only at a game reset. From what the replay
+    stores (one frame and a restart flag per step) every observation the actor saw is
+    rebuilt exactly."""
+    from sebulba import envpool_env
+
+    task = "Breakout-v5"
+    env = envpool_env.EnvpoolEnv(task, 1, seed=0, num_threads=1,
+                                 options=envpool_env.make_options(task, "impala"))
+    rng = np.random.default_rng(0)
+    timesteps = [env.reset()]
+    for _ in range(600):
+        timesteps.append(env.step(rng.integers(0, 4, 1)))
+    env.close()
+    observation = np.stack([envpool_env.to_agent_layout(t.observation) for t in timesteps])
+    step_type = np.stack([t.step_type for t in timesteps])  # [601, 1]
+    game_over = np.stack([t.extras["game_over"] for t in timesteps])[:, 0]
+    n = len(timesteps) - 1
+    trajectory = Trajectory(
+        timestep=TimeStep(step_type=jnp.asarray(step_type), reward=jnp.zeros((n + 1, 1)),
+                          discount=jnp.ones((n + 1, 1)), observation=jnp.asarray(observation)),
+        action=jnp.zeros((n, 1), jnp.int32), extras={"policy": jnp.full((n, 1, 4), 0.25)})
+    steps, _ = muzero.to_replay_steps(trajectory, frames_once=True)
+    frames, restarts = steps["frame"][:, 0], steps["stack_restart"][:, 0]
+    assert frames.shape == (n, 84, 84) and frames.dtype == jnp.uint8
+    # Several lives lost within games: FIRST steps after a LAST that was not a game over,
+    # whose stacks still hold the previous life's frames.
+    life_lost = np.flatnonzero((step_type[1:, 0] == StepType.FIRST) & ~game_over[:-1]) + 1
+    life_lost = life_lost[life_lost < n]
+    assert len(life_lost) >= 3, life_lost
+    assert not np.any(np.all(observation[life_lost, 0] == observation[life_lost, 0][..., -1:],
+                             axis=(1, 2, 3)))
+    rebuilt = jax.jit(jax.vmap(lambda t: muzero.frame_stack(frames, restarts, t, 4)))(
+        jnp.arange(n))
+    np.testing.assert_array_equal(np.asarray(rebuilt), observation[:n, 0])
+
+
+def test_reanalyse_moves_policy_targets_to_the_target_networks_search():
+    config = muzero.default_config()
+    config.unroll_steps, config.td_steps, config.rollout_length = 1, 1, 3
+    config.replay_capacity, config.reanalyse_fraction, config.num_simulations = 12, 1.0, 8
+    config.hidden_sizes, config.latent_size = (16,), 16
+    network = muzero.make_network(config, SPEC)
+    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, 10, 5)), jnp.zeros((1,), jnp.int32))
+    # Random output layers too (they start at zero): a model whose values are not all 0.
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+    params = jax.tree.unflatten(treedef, [x + 0.3 * jax.random.normal(k, x.shape)
+                                          for x, k in zip(leaves, keys)])
+    replay, example, history = muzero.make_replay(config, SPEC)
+    state = replay.init(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), example))
+    for i in range(2):  # the actors' searches put all mass on action 0
+        trajectory = _mid_episode_trajectory(t=3, b=2)
+        obs = jax.random.uniform(jax.random.PRNGKey(10 + i), (4, 2, 10, 5))
+        trajectory = trajectory.replace(
+            timestep=trajectory.timestep.replace(observation=obs),
+            extras={"policy": jnp.zeros((3, 2, 3)).at[..., 0].set(1.0)})
+        steps, sampleable = muzero.to_replay_steps(trajectory, frames_once=False)
+        state = replay.add(state, steps, sampleable)
+    sample = replay.sample(state, jax.random.PRNGKey(2), 4, alpha=0.0, beta=1.0)
+    key = jax.random.PRNGKey(3)
+    targets = muzero.batch_targets(network, params, sample.windows, key, config,
+                                   history=history)
+    # Reference: mctx's PUCT search with the target network at o_tau, o_tau+1 (the policy
+    # targets) and the bootstrap observations o_tau+1, o_tau+2 (n = 1), in one batch.
+    obs = sample.windows["observation"][:, jnp.array([0, 1, 1, 2])].reshape(16, 10, 5)
+    latent = network.apply(params, obs, method="represent")
+    prior, value_logits = network.apply(params, latent, method="predict")
+    root = mctx.RootFnOutput(prior_logits=prior, embedding=latent, value=muzero.probs_to_scalar(
+        jax.nn.softmax(value_logits), config.support_size))
+    out = mctx.muzero_policy(
+        params, key, root, muzero.make_recurrent_fn(network, config.support_size,
+                                                    config.discount),
+        num_simulations=8, dirichlet_fraction=config.dirichlet_fraction,
+        dirichlet_alpha=config.dirichlet_alpha, temperature=config.temperature)
+    searched = np.asarray(out.action_weights).reshape(4, 4, 3)
+    np.testing.assert_allclose(np.asarray(targets.policy), searched[:, :2], rtol=1e-5)
+    # 8 simulations over 3 actions never all go to action 0: the targets moved.
+    assert np.all(np.asarray(targets.policy)[..., 0] < 0.99)
+    # Value targets z_k = r + g v_search(o_k+1) with r = 0 inside these episodes.
+    root_values = np.asarray(out.search_tree.summary().value).reshape(4, 4)
+    np.testing.assert_allclose(np.asarray(targets.value), config.discount * root_values[:, 2:],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_hyperparameters_are_held_in_the_learner_state_and_sweepable():
+    config = muzero.default_config()
+    config.rollout_length, config.replay_capacity = 3, 24
+    agent = agents.make(config, SPEC)
+    assert set(agent.sweepable) == {"learning_rate", "max_grad_norm", "weight_decay",
+                                    "value_cost", "priority_exponent", "importance_exponent"}
+    state = agent.init(jax.random.PRNGKey(0), SPEC)
+    state = agent.set_hparams(state, {"learning_rate": 0.5, "priority_exponent": 0.6})
+    assert float(state.opt_state.hyperparams["learning_rate"]) == 0.5
+    np.testing.assert_allclose(float(state.hparams["priority_exponent"]), 0.6)
+    with pytest.raises(KeyError, match="discount"):
+        agent.set_hparams(state, {"discount": 0.9})
+    # One compiled Anakin program runs uniform and prioritised replay side by side.
+    catch = muzero_catch.get_config()
+    catch.num_devices, catch.num_envs, catch.updates_per_chunk = 1, 8, 3
+    catch.total_env_steps = 8 * 10 * 3 * 2
+    catch.agent.unroll_steps, catch.agent.num_simulations = 1, 2
+    catch.agent.hidden_sizes, catch.agent.latent_size = (16,), 16
+    catch.agent.batch_size, catch.agent.min_replay_items = 8, 8
+    catch.sweep.seeds = (0, 0)
+    catch.sweep.agent.priority_exponent = (0.0, 0.6)
+    result = anakin.train(catch)
+    hparams = result.state.learner_state.hparams["priority_exponent"]
+    np.testing.assert_allclose(np.asarray(hparams).reshape(-1), [0.0, 0.6], rtol=1e-6)
+    priorities = np.asarray(result.state.learner_state.replay.priorities).reshape(2, -1)
+    # The same seed: only alpha differs, so the runs sampled (and re-prioritised) differently.
+    assert not np.array_equal(priorities[0], priorities[1])

@@ -206,10 +206,12 @@ def test_sigterm_stops_after_the_next_update_with_a_checkpoint(preempted):
     assert checkpoint_steps(workdir) == [stopped_at]  # checkpoint_every_updates=0: only this
     assert int(jax.device_get(result.learner_state.updates)[0]) == stopped_at
     assert result.checkpoint_seconds > 0
-    # What was saved is the state the run stopped with, MuZero's replay buffer included: one
-    # item per environment per update, 11 x 8 = 88 of its 128 slots.
+    # What was saved is the state the run stopped with, MuZero's replay included: one window
+    # per environment per update, 11 x 8 = 88 windows written into its 128 / T = 16 slots,
+    # so the next one is slot 88 mod 16 = 8.
     replay = result.learner_state.replay
-    assert jax.device_get(replay.size).tolist() == [stopped_at * ENVS]
+    assert jax.device_get(replay.adds).tolist() == [stopped_at]
+    assert jax.device_get(replay.next_index).tolist() == [stopped_at * ENVS % (128 // T)]
     saved, meta = load_arrays(os.path.join(workdir, "checkpoints"))
     assert meta["updates"] == stopped_at and meta["num_processes"] == 1
     assert meta["env_steps"] == stopped_at * STEPS_PER_UPDATE

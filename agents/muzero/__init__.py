@@ -1,24 +1,70 @@
-"""MuZero (Schrittwieser et al., 2020) with mctx search and on-device replay."""
+"""MuZero (Schrittwieser et al., 2020) with mctx search and an on-device replay of positions.
 
-from agents.muzero.agent import LearnerState, default_config, make_agent, make_recurrent_fn
+The pieces are top-level pure functions that another agent (EfficientZero) imports:
+networks, search (`make_recurrent_fn`, `run_search`), targets, losses and the learner update;
+`make_agent` assembles them.
+"""
+
+from agents.muzero.agent import (
+    SWEEPABLE,
+    default_config,
+    make_agent,
+    make_optimizer,
+    make_replay,
+    set_hparams,
+)
+from agents.muzero.learning import (
+    LearnerState,
+    batch_targets,
+    importance_exponent,
+    learner_update,
+    observations_at,
+    to_replay_steps,
+)
+from agents.muzero.losses import LossOutput, UnrollOutput, unroll_loss, unroll_model
 from agents.muzero.networks import MuZeroNetwork, make_network, normalise_latent
+from agents.muzero.search import make_recurrent_fn, root_output, run_search, value_to_scalar
 from agents.muzero.targets import (
+    UnrollTargets,
+    bootstrap_indices,
+    frame_stack,
     n_step_values,
     probs_to_scalar,
-    rebuild_frame_stacks,
     scalar_to_probs,
+    stack_restarts,
+    unroll_targets,
 )
 
 __all__ = [
+    "SWEEPABLE",
     "LearnerState",
+    "LossOutput",
     "MuZeroNetwork",
+    "UnrollOutput",
+    "UnrollTargets",
+    "batch_targets",
+    "bootstrap_indices",
     "default_config",
+    "frame_stack",
+    "importance_exponent",
+    "learner_update",
     "make_agent",
     "make_network",
+    "make_optimizer",
     "make_recurrent_fn",
+    "make_replay",
     "n_step_values",
     "normalise_latent",
+    "observations_at",
     "probs_to_scalar",
-    "rebuild_frame_stacks",
+    "root_output",
+    "run_search",
     "scalar_to_probs",
+    "set_hparams",
+    "stack_restarts",
+    "to_replay_steps",
+    "unroll_loss",
+    "unroll_model",
+    "unroll_targets",
+    "value_to_scalar",
 ]

@@ -1,6 +1,6 @@
-"""MuZero's learning targets: value/reward transforms, categorical supports and n-step values.
+"""MuZero's learning targets: value transforms, n-step values, unroll targets, frame stacks.
 
-All functions are unbatched over one trajectory segment (rlax style); callers `vmap`.
+All functions are unbatched over one window of a stream (rlax style); callers `vmap`.
 """
 
 from __future__ import annotations
@@ -60,31 +60,117 @@ def n_step_values(
     return z
 
 
-def rebuild_frame_stacks(frames: Array, first_stack: Array, step_types: Array) -> Array:
-    """The stacked observations `[L, H, W, C]` of a segment stored as one frame per step.
+def bootstrap_indices(step_types: Array, *, num_unroll: int, n: int) -> Array:
+    """Where the n-step target of each unroll step k = 0..K of a window bootstraps.
 
-    Frame stacking keeps the C newest frames with the newest last, and a reset fills the stack
-    with copies of the episode's first frame (envpool's behaviour). A segment stores only the
-    newest frame of each timestep (`frames`, [L, H, W]) and the whole stack of its first
-    timestep (`first_stack`, [H, W, C]), so each frame is stored once.
+    The window holds the K + n + 1 timesteps from a sampled position; step k's target
+    bootstraps from o_{b_k}, b_k = min(k + n, the first LAST at or after k) (the target stops
+    at an episode's end). Only these K + 1 observations need a value estimate.
 
-    Channel c of o_t is frame t - (C-1-c), clamped to the start of o_t's episode; frames from
-    before the segment come from `first_stack`.
+    Args:
+      step_types: [K + n + 1] `StepType` of the window's timesteps.
+      num_unroll: K.
+      n: the number of steps before bootstrapping.
+    Returns:
+      [K + 1] int32 window indices.
     """
-    chex.assert_rank([frames, first_stack, step_types], [3, 3, 1])
-    length = frames.shape[0]
-    num_stack = first_stack.shape[-1]
+    chex.assert_rank(step_types, 1)
+    length = step_types.shape[0]
+    if length != num_unroll + n + 1:
+        raise ValueError(f"a window of {length} timesteps for K={num_unroll}, n={n}; "
+                         f"expected K + n + 1 = {num_unroll + n + 1}")
     t = jnp.arange(length)
-    first = step_types == StepType.FIRST
-    # Index of the latest FIRST at or before t, or -1 if the episode began before the segment.
-    episode_start = jnp.maximum(jax.lax.cummax(jnp.where(first, t, -1)), -1)
-    c = jnp.arange(num_stack)
-    source = t[:, None] - (num_stack - 1 - c)[None, :]  # [L, C]
-    source = jnp.maximum(source, episode_start[:, None])
-    from_segment = frames[jnp.maximum(source, 0)]  # [L, C, H, W]
-    # source < 0 only when the episode began before the segment: channel (c + t) of the
-    # first stack holds that frame.
-    before = first_stack[..., jnp.clip(c[None, :] + t[:, None], 0, num_stack - 1)]  # [H,W,L,C]
-    before = jnp.moveaxis(before, (2, 3), (0, 1))  # [L, C, H, W]
-    stacks = jnp.where((source < 0)[:, :, None, None], before, from_segment)
-    return jnp.moveaxis(stacks, 1, -1)  # [L, H, W, C]
+    next_last = jax.lax.cummin(jnp.where(step_types == StepType.LAST, t, length), reverse=True)
+    k = jnp.arange(num_unroll + 1)
+    return jnp.minimum(k + n, next_last[: num_unroll + 1]).astype(jnp.int32)
+
+
+@chex.dataclass(frozen=True)
+class UnrollTargets:
+    """What unroll step k = 0..K of a sampled position is trained towards, and where."""
+
+    reward: Array  # [K+1] float32 r for the transition into step k (step 0: none, 0)
+    value: Array  # [K+1] float32 n-step value target z
+    policy: Array  # [K+1, A] float32 policy target
+    reward_mask: Array  # [K+1] float32 1 where the reward target is trained
+    value_mask: Array  # [K+1] float32
+    policy_mask: Array  # [K+1] float32
+
+
+def unroll_targets(
+    rewards: Array, discounts: Array, step_types: Array, policies: Array,
+    bootstrap_values: Array, *, num_unroll: int, n: int, discount: float,
+) -> UnrollTargets:
+    """The targets of the K-step unroll from o_0, the first timestep of a window o_0..o_{K+n}.
+
+    Inside the episode of o_0 (no LAST before step k): reward r_k, value z_k (`n_step_values`
+    with the bootstraps of `bootstrap_indices`) and the stored search policy pi_k; at a
+    terminal o_k the policy target is uniform. After a true terminal the unroll continues in
+    MuZero's absorbing state: reward 0, value 0 and a uniform policy, all trained. After a
+    truncation (LAST with discount 1, which bootstraps) nothing is known: every target past it
+    is masked.
+
+    Args:
+      rewards: [K+n+1] r_t received on arriving at o_t.
+      discounts: [K+n+1] the environment's d_t at o_t (0 at a true terminal).
+      step_types: [K+n+1] `StepType` of o_t.
+      policies: [K+n+1, A] the search policy stored at o_t.
+      bootstrap_values: [K+1] value estimates of o_{b_k}, b = `bootstrap_indices(...)`.
+      num_unroll: K.
+      n: the number of steps before bootstrapping.
+      discount: the agent's gamma.
+    """
+    chex.assert_rank([rewards, discounts, step_types, policies, bootstrap_values],
+                     [1, 1, 1, 2, 1])
+    k1 = num_unroll + 1
+    length = rewards.shape[0]
+    chex.assert_shape(bootstrap_values, (k1,))
+    b = bootstrap_indices(step_types, num_unroll=num_unroll, n=n)
+    boot = jnp.zeros((length,), jnp.float32).at[b].set(bootstrap_values)
+    z = n_step_values(rewards, discounts, step_types, boot, n=n, discount=discount)[:k1]
+    last = step_types[:k1] == StepType.LAST
+    terminal = last & (discounts[:k1] == 0)
+    ended_before = (jnp.cumsum(last) - last) > 0  # a LAST at an earlier unroll step
+    ends_in_terminal = terminal[jnp.argmax(last)]  # the first end is a true terminal
+    alive = ~ended_before
+    trained = (alive | (ended_before & ends_in_terminal)).astype(jnp.float32)
+    not_first = (jnp.arange(k1) > 0).astype(jnp.float32)
+    uniform = jnp.full(policies.shape[1:], 1.0 / policies.shape[1], jnp.float32)
+    return UnrollTargets(
+        reward=jnp.where(alive, rewards[:k1], 0.0) * not_first,
+        value=jnp.where(alive, z, 0.0),
+        policy=jnp.where((alive & ~terminal)[:, None], policies[:k1], uniform),
+        reward_mask=trained * not_first,
+        value_mask=trained,
+        policy_mask=trained,
+    )
+
+
+def stack_restarts(observations: Array) -> Array:
+    """[...] bool: whether each stacked observation `[..., H, W, C]` holds one frame repeated.
+
+    A frame stacker refills its stack with one frame at a full game reset (envpool does so
+    only then, not after a life loss); flagging every such stack, reset or not, lets
+    `frame_stack` rebuild stacks exactly from one frame per step."""
+    return jnp.all(observations == observations[..., -1:], axis=(-3, -2, -1))
+
+
+def frame_stack(frames: Array, restarts: Array, t: Array, num_stack: int) -> Array:
+    """The stacked observation `[H, W, C]` at index `t` of frames stored once per step.
+
+    A stacker keeps the C newest frames, newest last, and at a restart (`stack_restarts`)
+    holds C copies of one frame; from then on each step pushes its frame. So channel c of o_t
+    is frame t - (C-1-c), clamped to the latest restart at or before t. Exact when `frames`
+    holds the C - 1 steps before t or a restart lies among them.
+
+    Args:
+      frames: [L, H, W] the newest frame of each step (`observation[..., -1]`).
+      restarts: [L] bool `stack_restarts` of each step.
+      t: [] int index of the wanted step.
+      num_stack: C.
+    """
+    chex.assert_rank([frames, restarts, t], [3, 1, 0])
+    steps = jnp.arange(frames.shape[0])
+    latest = jnp.max(jnp.where(restarts & (steps <= t), steps, 0))
+    source = jnp.maximum(t - (num_stack - 1) + jnp.arange(num_stack), latest)  # [C]
+    return jnp.moveaxis(frames[source], 0, -1)

@@ -28,8 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.search = "gumbel"
     config.agent.batch_size = 64
     config.agent.updates_per_step = 1
-    config.agent.replay_capacity = 4096  # segments of 21 stacked 4x84x84 uint8 frames
-    config.agent.min_replay_items = 256
+    config.agent.replay_capacity = 81920  # positions, one 84x84 uint8 frame each
+    config.agent.min_replay_items = 5120  # positions
     config.agent.learning_rate = 1e-3
     config.agent.reanalyse_fraction = 0.0
     config.rollout_length = 20

@@ -15,7 +15,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent = muzero.default_config()
     config.envs_per_actor_thread = 16
     config.rollout_length = 10
-    # The replay's segments hold rollout_length + 1 timesteps: keep the two tied.
+    # The replay stores trajectories of rollout_length steps: keep the two tied.
     config.agent.rollout_length = config.get_ref("rollout_length")
     config.agent.num_simulations = 8
     config.agent.search = "gumbel"
@@ -27,8 +27,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.batch_size = 128
     config.agent.updates_per_step = 2
     config.agent.priority_exponent = 0.0
-    config.agent.replay_capacity = 2048
-    config.agent.min_replay_items = 64
+    config.agent.replay_capacity = 20480  # positions
+    config.agent.min_replay_items = 640  # positions
     config.agent.target_update_interval = 50
     config.total_env_steps = 40_000
     config.log_every_updates = 25

@@ -1,0 +1,202 @@
+"""MuZero's learning as top-level pure functions over a batch of sampled positions.
+
+Each function takes the pieces it uses (network, optimiser, replay, the agent's config for
+static sizes, hyperparameters held in the learner state for the sweepable ones), so another
+agent (EfficientZero) can call them, or replace one, without copying the rest:
+
+    to_replay_steps    trajectory [T+1, B] -> the T new timesteps the replay stores
+    observations_at    sampled windows -> observations at given window indices
+    batch_targets      the target network (and Reanalyse) at the positions the batch uses
+    learner_update     sample, targets, gradient step, target copy, priority update
+"""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from agents.muzero import losses
+from agents.muzero import targets as tgt
+from agents.muzero.networks import MuZeroNetwork
+from agents.muzero.search import run_search, value_to_scalar
+from podracer import position_replay as pr
+from podracer.types import Array, Metrics, Params, PRNGKey, StepType, Trajectory
+
+
+@chex.dataclass(frozen=True)
+class LearnerState:
+    params: Params
+    target_params: Params
+    opt_state: optax.OptState  # an `optax.InjectHyperparamsState`: the optimiser's hparams
+    replay: pr.PositionReplayState
+    updates: Array  # [] int32 learner updates applied so far
+    hparams: dict[str, Array]  # {name: [] float32} the loss's and replay's hyperparameters
+
+
+def to_replay_steps(trajectory: Trajectory, *, frames_once: bool) -> tuple[dict, Array]:
+    """The T new timesteps o_0..o_{T-1} of a trajectory with the action and search policy at
+    each (o_T arrives again as the next trajectory's o_0), leaves [T, B, ...], and which of
+    them may be sampled as a position ([T, B] bool: not LAST, where no action is taken).
+
+    With `frames_once` an observation `[H, W, C]` is stored as its newest frame and a flag
+    for stacks holding one frame repeated (`targets.stack_restarts`)."""
+    ts = jax.tree.map(lambda x: x[:-1], trajectory.timestep)
+    if frames_once:
+        observation = {"frame": ts.observation[..., -1],
+                       "stack_restart": tgt.stack_restarts(ts.observation)}
+    else:
+        observation = {"observation": ts.observation}
+    steps = {
+        **observation,
+        "action": trajectory.action.astype(jnp.int32),
+        "reward": ts.reward.astype(jnp.float32),
+        "discount": ts.discount.astype(jnp.float32),
+        "step_type": ts.step_type.astype(jnp.int8),
+        "policy": trajectory.extras["policy"].astype(jnp.float32),
+    }
+    return steps, ts.step_type != StepType.LAST
+
+
+def observations_at(windows: dict, indices: Array, *, history: int) -> Array:
+    """Observations `[S, M, ...]` at window indices `indices` ([S, M]) of sampled windows
+    (leaves [S, W, ...]); stored as one frame per step, stacks of `history + 1` frames are
+    rebuilt (the windows hold the `history` steps before their position)."""
+    chex.assert_rank(indices, 2)
+    if "observation" in windows:
+        return jax.vmap(lambda obs, i: obs[i])(windows["observation"], indices)
+    at = functools.partial(tgt.frame_stack, num_stack=history + 1)
+    return jax.vmap(jax.vmap(at, in_axes=(None, None, 0)))(
+        windows["frame"], windows["stack_restart"], indices)
+
+
+def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, key: PRNGKey,
+                  config: ml_collections.ConfigDict, *, history: int) -> tgt.UnrollTargets:
+    """`unroll_targets` of a batch of sampled windows (leaves [S, H + K + n + 1, ...], the
+    position at index H), leaves [S, K+1, ...].
+
+    The target network evaluates only the K+1 observations each target bootstraps from
+    (`config.target_positions == "bootstrap"`); "window" evaluates (and Reanalyse searches)
+    all K + n + 1 and picks those, the width of computing targets for whole windows, kept to
+    measure the saving.
+    Reanalyse (the first `round(reanalyse_fraction * S)` samples) searches with the target
+    network at the K+1 unroll positions (policy targets) and at the bootstrap positions
+    (values). `key` is consumed by that search."""
+    k1 = config.unroll_steps + 1
+    s = windows["step_type"].shape[0]
+    ahead = jax.tree.map(lambda x: x[:, history:], windows)
+    step_types = ahead["step_type"].astype(jnp.int32)  # [S, K+n+1]
+    boot = jax.vmap(functools.partial(tgt.bootstrap_indices, num_unroll=config.unroll_steps,
+                                      n=config.td_steps))(step_types)  # [S, K+1]
+
+    def values(obs):  # [S', M, ...] -> [S', M]
+        flat = obs.reshape((-1,) + obs.shape[2:])
+        latent = network.apply(target_params, flat, method="represent")
+        _, value_logits = network.apply(target_params, latent, method="predict")
+        return value_to_scalar(value_logits, config.support_size).reshape(obs.shape[:2])
+
+    if config.target_positions == "window":
+        everywhere = jnp.broadcast_to(jnp.arange(step_types.shape[1]), step_types.shape)
+        boot_values = jnp.take_along_axis(
+            values(observations_at(windows, history + everywhere, history=history)), boot, axis=1)
+    elif config.target_positions == "bootstrap":
+        boot_values = values(observations_at(windows, history + boot, history=history))
+    else:
+        raise ValueError(f"agent.target_positions={config.target_positions!r}: use "
+                         "'bootstrap' or 'window'.")
+    policies = ahead["policy"]
+    num_reanalyse = round(config.reanalyse_fraction * s)
+    if num_reanalyse:
+        # REANALYSE: fresh searches with the target network.
+        sub = jax.tree.map(lambda x: x[:num_reanalyse], windows)
+        if config.target_positions == "window":
+            where = jnp.broadcast_to(jnp.arange(step_types.shape[1]),
+                                     (num_reanalyse, step_types.shape[1]))
+        else:  # the unroll positions, then the bootstrap positions
+            where = jnp.concatenate(
+                [jnp.broadcast_to(jnp.arange(k1), (num_reanalyse, k1)), boot[:num_reanalyse]], 1)
+        obs = observations_at(sub, history + where, history=history)
+        out = run_search(network, target_params, obs.reshape((-1,) + obs.shape[2:]), key,
+                         config, evaluation=False)
+        searched = out.action_weights.reshape(where.shape + (-1,))
+        root_values = out.search_tree.summary().value.reshape(where.shape)
+        policies = policies.at[:num_reanalyse, :k1].set(searched[:, :k1])
+        if config.target_positions == "window":
+            root_values = jnp.take_along_axis(root_values, boot[:num_reanalyse], axis=1)
+        else:
+            root_values = root_values[:, k1:]
+        boot_values = boot_values.at[:num_reanalyse].set(root_values)
+    targets = jax.vmap(functools.partial(
+        tgt.unroll_targets, num_unroll=config.unroll_steps, n=config.td_steps,
+        discount=config.discount))(ahead["reward"], ahead["discount"], step_types, policies,
+                                   boot_values)
+    return jax.lax.stop_gradient(targets)
+
+
+def importance_exponent(beta0: Array, updates: Array, anneal_updates: int) -> Array:
+    """beta annealed linearly from beta0 to 1 over `anneal_updates` (0: constant beta0), as
+    in prioritised replay (Schaul et al., 2016)."""
+    if anneal_updates <= 0:
+        return beta0
+    fraction = jnp.minimum(updates.astype(jnp.float32) / anneal_updates, 1.0)
+    return beta0 + (1.0 - beta0) * fraction
+
+
+def learner_update(network: MuZeroNetwork, optimizer: optax.GradientTransformation,
+                   replay: pr.PositionReplay, config: ml_collections.ConfigDict,
+                   state: LearnerState, key: PRNGKey, *, history: int,
+                   axis_name: str | None) -> tuple[LearnerState, Metrics]:
+    """One update on `config.batch_size` positions sampled from `state.replay`: targets,
+    the K-step unrolled loss weighted by importance weights, a gradient step (gradients
+    averaged over `axis_name`), the periodic target copy, and the sampled positions'
+    priorities set to |v - z| at the position. Keys: sampling, then Reanalyse."""
+    sample_key, reanalyse_key = jax.random.split(key)
+    hp = state.hparams
+    beta = importance_exponent(hp["importance_exponent"], state.updates,
+                               config.importance_anneal_updates)
+    sample = replay.sample(state.replay, sample_key, config.batch_size,
+                           alpha=hp["priority_exponent"], beta=beta)
+    windows = sample.windows
+    targets = batch_targets(network, state.target_params, windows, reanalyse_key, config,
+                            history=history)
+    s = config.batch_size
+    observation = observations_at(windows, jnp.full((s, 1), history), history=history)[:, 0]
+    actions = windows["action"][:, history:history + config.unroll_steps]
+
+    def loss_fn(params):
+        out = losses.unroll_model(network, params, observation, actions)
+        per_example = jax.vmap(functools.partial(
+            losses.unroll_loss, support_size=config.support_size,
+            value_cost=hp["value_cost"]))(out.policy_logits, out.value_logits,
+                                          out.reward_logits, targets)
+        loss = jnp.mean(sample.weights * per_example.loss)
+        value = value_to_scalar(out.value_logits[:, 0], config.support_size)
+        return loss, (jnp.abs(value - targets.value[:, 0]), per_example)
+
+    grads, (priorities, per_example) = jax.grad(loss_fn, has_aux=True)(state.params)
+    if axis_name is not None:
+        grads = jax.lax.pmean(grads, axis_name)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    count = state.updates + 1
+    copy = count % config.target_update_interval == 0
+    target_params = jax.tree.map(lambda new, old: jnp.where(copy, new, old), params,
+                                 state.target_params)
+    k1 = config.unroll_steps + 1
+    metrics = {
+        "loss": jnp.mean(sample.weights * per_example.loss),
+        "value_loss": jnp.mean(per_example.value_loss) / k1,
+        "policy_loss": jnp.mean(per_example.policy_loss) / k1,
+        "reward_loss": jnp.mean(per_example.reward_loss) / max(config.unroll_steps, 1),
+        "grad_norm": optax.tree.norm(grads),
+        "mean_priority": jnp.mean(priorities),
+        "importance_exponent": beta,
+    }
+    new_state = state.replace(
+        params=params, target_params=target_params, opt_state=opt_state, updates=count,
+        replay=replay.update(state.replay, sample.slots, sample.positions, priorities))
+    return new_state, metrics

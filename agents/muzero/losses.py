@@ -1,0 +1,75 @@
+"""MuZero's model unroll and loss (Schrittwieser et al., 2020, eq. 1 and appendix G)."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from agents.muzero import targets as tgt
+from agents.muzero.networks import MuZeroNetwork
+from podracer.types import Array, Params
+
+
+@chex.dataclass(frozen=True)
+class UnrollOutput:
+    policy_logits: Array  # [B, K+1, A] f's policy at each unroll step
+    value_logits: Array  # [B, K+1, 2S+1] f's value
+    reward_logits: Array  # [B, K+1, 2S+1] g's reward into each step (step 0: zeros, unused)
+
+
+@chex.dataclass(frozen=True)
+class LossOutput:
+    loss: Array  # [] the weighted sum, divided by K+1
+    policy_loss: Array  # [] summed over unroll steps
+    value_loss: Array  # []
+    reward_loss: Array  # []
+
+
+def unroll_model(network: MuZeroNetwork, params: Params, observation: Array,
+                 actions: Array) -> UnrollOutput:
+    """Represents `observation` ([B, ...]) and unrolls the dynamics through `actions`
+    ([B, K]), predicting at every step. Half the gradient flows into each dynamics step
+    (MuZero appendix G)."""
+    chex.assert_rank(actions, 2)
+    latent = network.apply(params, observation, method="represent")
+    policies, values, rewards = [], [], []
+    for k in range(actions.shape[1] + 1):
+        policy_logits, value_logits = network.apply(params, latent, method="predict")
+        policies.append(policy_logits)
+        values.append(value_logits)
+        if k == actions.shape[1]:
+            break
+        reward_logits, latent = network.apply(params, latent, actions[:, k], method="dynamics")
+        latent = 0.5 * latent + 0.5 * jax.lax.stop_gradient(latent)
+        rewards.append(reward_logits)
+    rewards = [jnp.zeros_like(values[0])] + rewards
+    stack = lambda xs: jnp.stack(xs, axis=1)
+    return UnrollOutput(policy_logits=stack(policies), value_logits=stack(values),
+                        reward_logits=stack(rewards))
+
+
+def unroll_loss(policy_logits: Array, value_logits: Array, reward_logits: Array,
+                targets: tgt.UnrollTargets, *, support_size: int,
+                value_cost: float | Array) -> LossOutput:
+    """l = sum_k m^p_k CE(pi_k, p_k) + c m^v_k CE(phi(z_k), v_k) + m^r_k CE(phi(r_k), r_k),
+    divided by K+1, for one sampled position (unbatched); phi is `scalar_to_probs`.
+
+    Args:
+      policy_logits: [K+1, A].
+      value_logits: [K+1, 2S+1].
+      reward_logits: [K+1, 2S+1] (step 0 is masked by `targets.reward_mask`).
+      targets: `unroll_targets` of the position, leaves [K+1, ...].
+      support_size: S.
+      value_cost: c.
+    """
+    chex.assert_rank([policy_logits, value_logits, reward_logits], 2)
+    ce = optax.softmax_cross_entropy
+    policy = jnp.sum(targets.policy_mask * ce(policy_logits, targets.policy))
+    value = jnp.sum(targets.value_mask * ce(
+        value_logits, tgt.scalar_to_probs(targets.value, support_size)))
+    reward = jnp.sum(targets.reward_mask * ce(
+        reward_logits, tgt.scalar_to_probs(targets.reward, support_size)))
+    loss = (policy + value_cost * value + reward) / policy_logits.shape[0]
+    return LossOutput(loss=loss, policy_loss=policy, value_loss=value, reward_loss=reward)
