@@ -1,7 +1,7 @@
 """What Anakin and Sebulba share: types, the agent interface, replication, config validation,
-metrics and checkpoints, re-exported here; on-device replay (`podracer.replay` of segments,
-`podracer.position_replay` of positions) and multi-process start-up (`podracer.distributed`)
-are imported by their module names."""
+metrics and checkpoints, re-exported here; the on-device replay of positions
+(`podracer.position_replay`) and multi-process start-up (`podracer.distributed`) are imported
+by their module names."""
 
 from podracer import checkpoint, config, metrics, replication, types
 from podracer.agent import Agent

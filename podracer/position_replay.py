@@ -36,6 +36,7 @@ learner each device holds its own replay (the learner state is stacked over the 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -72,6 +73,22 @@ class PositionReplay(NamedTuple):
     sample: Callable[..., PositionSample]
     update: Callable[[PositionReplayState, Array, Array, Array], PositionReplayState]
     size: Callable[[PositionReplayState], Array]
+
+
+def device_memory_bytes(device: jax.Device) -> int | None:
+    """How many bytes `device` can hold, when the backend says (GPUs and TPUs do); on CPU the
+    host's physical memory."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001  (backends without memory stats raise various errors)
+        stats = None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    if device.platform == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return None
 
 
 def position_replay_bytes(capacity: int, example_step: Any, *, period: int, lookahead: int,

@@ -24,7 +24,6 @@ from agents.muzero.learning import LearnerState
 from agents.muzero.networks import MuZeroNetwork, make_network
 from agents.muzero.search import run_search
 from podracer import position_replay as pr
-from podracer import replay as replay_lib
 from podracer.agent import Agent
 from podracer.config import ConfigError
 from podracer.types import Array, EnvSpec, Metrics, PRNGKey, TimeStep, Trajectory
@@ -144,7 +143,7 @@ def make_replay(config: ml_collections.ConfigDict, env_spec: EnvSpec
     windows = math.ceil(config.replay_capacity / period)
     needed = pr.position_replay_bytes(windows, example, period=period, lookahead=lookahead,
                                       history=history)
-    available = replay_lib.device_memory_bytes(jax.local_devices()[0])
+    available = pr.device_memory_bytes(jax.local_devices()[0])
     if available is not None and needed > 0.8 * available:
         per_position = needed / (windows * period)
         raise ConfigError(
