@@ -15,6 +15,9 @@ it the same environment *without* any wrapper from the same reset key with the s
   timestep keeps the final observation;
 - determinism: the same key gives bit-identical results.
 
+Specs: `env.spec()` asked for inside `jax.jit` equals the eager spec, for every registered
+environment of every installed library (runners ask for specs inside traced code).
+
 Native environments always run. Adapted libraries run when their extra is installed (else
 their cases are skipped): by default a few representative environments each, and with
 `PODRACER_FULL_CONFORMANCE=1` every environment the library registers (minutes on a 2-core
@@ -52,15 +55,24 @@ NEEDS_DOWNLOAD = {
 }
 
 
-def _cases() -> list:
+def _cases(*, full: bool = FULL) -> list:
     cases = [pytest.param(name, id=name) for name in envs_jax.registered(adapters=False)]
     for namespace in envs_jax.namespaces():
-        if FULL and envs_jax.registry.installed(namespace):
+        if full and envs_jax.registry.installed(namespace):
             names = [n for n in envs_jax.registered() if n.startswith(namespace + ":")]
         else:
             names = [f"{namespace}:{n}" for n in DEFAULT_ADAPTED[namespace]]
         cases += [pytest.param(name, id=name) for name in names]
     return cases
+
+
+def _skip_if_unavailable(name: str) -> None:
+    """Skips when the environment's library is not installed or it needs a download."""
+    namespace, sep, _ = name.partition(":")
+    if sep:
+        pytest.importorskip(namespace)
+    if name in NEEDS_DOWNLOAD:
+        pytest.skip(NEEDS_DOWNLOAD[name])
 
 
 def _sample_action(spec, mask, key):
@@ -129,11 +141,7 @@ def _check_matches_spec(timestep, env, batch_shape: tuple[int, ...]) -> None:
 
 @pytest.mark.parametrize("name", _cases())
 def test_conforms_to_the_api(name: str) -> None:
-    namespace, sep, _ = name.partition(":")
-    if sep:
-        pytest.importorskip(namespace)
-    if name in NEEDS_DOWNLOAD:
-        pytest.skip(NEEDS_DOWNLOAD[name])
+    _skip_if_unavailable(name)
     bare, program = _make_program(name)
     keys = jax.random.split(jax.random.PRNGKey(0), NUM_ENVS)
     outputs = jax.device_get(program(keys))
@@ -151,7 +159,7 @@ def test_conforms_to_the_api(name: str) -> None:
     assert np.all(first.step_type == StepType.FIRST)
     assert np.all(first.reward == 0) and np.all(first.discount == 1)
 
-    native = not sep
+    native = ":" not in name
     # Multi-agent environments (jumanji's) keep a discount per agent: an agent that is done
     # has 0 while the episode goes on, so there the truncation check is "unchanged" instead
     # of "1", and MID discounts are 0 or 1 per agent.
@@ -206,6 +214,52 @@ def test_conforms_to_the_api(name: str) -> None:
             if ts.step_type == StepType.LAST and native and length < LIMIT:
                 assert np.all(ts.discount == 0.0), where
             previous = ts.step_type
+
+
+def _spec_fields(spec) -> dict:
+    """What a spec says, bounds as numpy (or None), for comparing two specs."""
+    fields = {"type": type(spec), "shape": tuple(spec.shape), "dtype": np.dtype(spec.dtype),
+              "name": spec.name}
+    if isinstance(spec, DiscreteSpec):
+        return {**fields, "num_values": spec.num_values}
+    for bound in ("minimum", "maximum"):
+        value = getattr(spec, bound)
+        # A spec holds host values: a jax array here (a tracer, under a trace) is the bug.
+        assert not isinstance(value, jax.Array), (bound, type(value))
+        fields[bound] = None if value is None else np.asarray(value)
+    return fields
+
+
+def _assert_same_specs(traced, eager, where: str) -> None:
+    traced_leaves, traced_tree = jax.tree.flatten(traced)
+    eager_leaves, eager_tree = jax.tree.flatten(eager)
+    assert traced_tree == eager_tree, where
+    for t, e in zip(traced_leaves, eager_leaves):
+        jax.tree.map(
+            lambda x, y: np.testing.assert_array_equal(x, y, err_msg=where),
+            _spec_fields(t),
+            _spec_fields(e),
+            is_leaf=lambda x: x is None,
+        )
+
+
+@pytest.mark.parametrize("name", _cases(full=True))
+def test_spec_is_the_same_under_jit(name: str) -> None:
+    # Every environment of every installed library, whatever PODRACER_FULL_CONFORMANCE says:
+    # asking for a spec costs a fraction of a second, and runners ask for it under a trace.
+    _skip_if_unavailable(name)
+    env = envs_jax.wrap_for_training(envs_jax.make(name))
+    traced = []
+
+    def program(x):
+        traced.append((env.spec(), env.reward_spec()))
+        return x
+
+    jax.jit(program)(jnp.zeros(()))
+    (spec, reward_spec), = traced
+    _assert_same_specs(spec.observation, env.observation_spec(), f"{name} observation")
+    _assert_same_specs(spec.action, env.action_spec(), f"{name} action")
+    _assert_same_specs(reward_spec, env.reward_spec(), f"{name} reward")
 
 
 def test_registry_lists_natives_and_names_missing_extras() -> None:
