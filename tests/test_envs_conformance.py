@@ -353,7 +353,24 @@ def _run_anakin_program(name: str, env: envs_jax.Environment) -> tuple[int, dict
     return updates, jax.device_get(replication.unreplicate(metrics))
 
 
-@pytest.mark.parametrize("name", _cases())
+# Environments that Anakin cannot run yet, and why. Strict: each fails the suite once it passes,
+# so that its entry goes.
+ANAKIN_GAPS = {
+    name: "anakin.runner.episode_statistics multiplies [T, B] ends by per-agent [T, B, N] "
+          "returns (jumanji's multi-agent rewards): a broadcasting error"
+    for name in ("jumanji:Connector-v3", "jumanji:LevelBasedForaging-v0",
+                 "jumanji:SearchAndRescue-v0")
+}
+
+
+def _anakin_cases() -> list:
+    return [pytest.param(*case.values, id=case.id,
+                         marks=pytest.mark.xfail(strict=True, raises=(TypeError, ValueError),
+                                                 reason=ANAKIN_GAPS[case.id]))
+            if case.id in ANAKIN_GAPS else case for case in _cases()]
+
+
+@pytest.mark.parametrize("name", _anakin_cases())
 def test_trains_one_anakin_chunk(name: str) -> None:
     _skip_if_unavailable(name)
     env = envs_jax.make(name)
