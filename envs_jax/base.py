@@ -8,6 +8,11 @@ observations, a pytree of them: `envs_jax.FlattenObservation` turns it into one 
 entry with `minimum`/`maximum`); `reward_spec()` is a scalar float32 unless the environment
 has several agents. Where a game has a legal-action mask it is `timestep.extras["action_mask"]`
 (bool `[num_actions]`, present on every timestep, FIRST included).
+
+Specs are static: the same, with concrete (numpy) bounds, whether or not they are asked for
+under a JAX trace, because runners ask inside traced code (Anakin's per-device `init` calls
+`env.spec()` under `jit`). Native environments build them from numpy and Python values; the
+adapters evaluate their library's `jnp` bounds eagerly (`envs_jax.adapters._specs.concrete`).
 """
 
 from __future__ import annotations

@@ -11,4 +11,6 @@ versions the tests were run with.
 Every adapter keeps termination and truncation apart (a library's own time limit becomes a
 LAST timestep with discount 1) and never resets by itself, so the final observation stays on
 the LAST timestep; `envs_jax.AutoReset` starts the next episode as for native environments.
+Their spec methods are wrapped in `_specs.concrete`, so a spec asked for under a JAX trace
+equals the eager one.
 """

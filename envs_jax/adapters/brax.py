@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs_jax.adapters._specs import specs_of
+from envs_jax.adapters._specs import concrete, specs_of
 from envs_jax.base import Environment
 from podracer.types import Array, ArraySpec, PRNGKey, StepType, TimeStep
 
@@ -97,9 +97,11 @@ class BraxEnv(Environment[Any]):
         )
         return state, timestep
 
+    @concrete
     def observation_spec(self) -> Any:
         return specs_of(lambda key: self.brax_env.reset(key).obs, jax.random.PRNGKey(0))
 
+    @concrete
     def action_spec(self) -> ArraySpec:
         size = int(self.brax_env.action_size)
         return ArraySpec(

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs_jax.adapters._specs import specs_of, with_bounds
+from envs_jax.adapters._specs import concrete, specs_of, with_bounds
 from envs_jax.base import Environment
 from podracer.types import Array, ArraySpec, DiscreteSpec, PRNGKey, StepType, TimeStep
 
@@ -84,6 +84,7 @@ class GymnaxEnv(Environment[GymnaxState]):
         )
         return GymnaxState(env_state=env_state, key=state.key, steps=steps), timestep
 
+    @concrete
     def observation_spec(self) -> ArraySpec:
         spec = specs_of(
             lambda key: self.gymnax_env.reset_env(key, self.params)[0], jax.random.PRNGKey(0)
@@ -93,6 +94,7 @@ class GymnaxEnv(Environment[GymnaxState]):
             spec, getattr(space, "low", None), getattr(space, "high", None), name="observation"
         )
 
+    @concrete
     def action_spec(self) -> DiscreteSpec | ArraySpec:
         space = self.gymnax_env.action_space(self.params)
         if hasattr(space, "n"):

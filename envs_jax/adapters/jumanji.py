@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs_jax.adapters._specs import specs_of
+from envs_jax.adapters._specs import concrete, specs_of
 from envs_jax.base import Environment
 from podracer.types import Array, ArraySpec, DiscreteSpec, PRNGKey, TimeStep
 
@@ -82,13 +82,16 @@ class JumanjiEnv(Environment[Any]):
         state, timestep = self.jumanji_env.step(state, action)
         return state, self._convert(timestep)
 
+    @concrete
     def observation_spec(self) -> Any:
         return specs_of(lambda key: self.reset(key)[1].observation, jax.random.PRNGKey(0))
 
+    @concrete
     def reward_spec(self) -> ArraySpec:
         spec = self.jumanji_env.reward_spec
         return ArraySpec(tuple(spec.shape), np.float32, name="reward")
 
+    @concrete
     def action_spec(self) -> DiscreteSpec | ArraySpec:
         from jumanji import specs
 

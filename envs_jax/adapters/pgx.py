@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs_jax.adapters._specs import specs_of
+from envs_jax.adapters._specs import concrete, specs_of
 from envs_jax.base import Environment
 from podracer.types import Array, ArraySpec, DiscreteSpec, PRNGKey, StepType, TimeStep
 
@@ -91,9 +91,14 @@ class PgxEnv(Environment[PgxState]):
         )
         return PgxState(pgx_state=pgx_state, key=state.key, steps=steps), timestep
 
+    @concrete
     def observation_spec(self) -> ArraySpec:
         spec = specs_of(lambda key: self.game.init(key).observation, jax.random.PRNGKey(0))
         return ArraySpec(spec.shape, spec.dtype, name="observation")
 
+    @concrete
     def action_spec(self) -> DiscreteSpec:
-        return DiscreteSpec(int(self.game.num_actions), np.int32, name="action")
+        # Not `self.game.num_actions`: pgx computes it by running `init` op by op on every
+        # call (seconds for shogi or mahjong); the mask's shape is all it reads.
+        mask = specs_of(lambda key: self.game.init(key).legal_action_mask, jax.random.PRNGKey(0))
+        return DiscreteSpec(int(mask.shape[0]), np.int32, name="action")
