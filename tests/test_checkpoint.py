@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import garble_arrays
 
 from podracer import replication
 from podracer.checkpoint import (
