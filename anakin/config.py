@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 import agents
 import envs_jax
@@ -98,9 +99,22 @@ def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> i
         )
     cfg.require_divisible(config, "num_envs", num_devices, "the number of devices")
     env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
-    if not isinstance(env.action_spec(), DiscreteSpec):
+    action_spec = env.action_spec()
+    integer = np.issubdtype(np.dtype(action_spec.dtype), np.integer)
+    if not isinstance(action_spec, DiscreteSpec) and not integer:
         raise cfg.ConfigError("env.name", f"{config.env.name!r} has continuous actions",
                               "choose an environment with discrete actions for this agent")
+    if not isinstance(action_spec, DiscreteSpec) or tuple(action_spec.shape) != ():
+        raise cfg.ConfigError(
+            "env.name", f"{config.env.name!r} takes one discrete action per entry (shape "
+            f"{tuple(action_spec.shape)})",
+            "choose an environment with a single discrete action per step for this agent")
+    reward_shape = tuple(env.reward_spec().shape)
+    if reward_shape != ():
+        raise cfg.ConfigError(
+            "env.name", f"{config.env.name!r} gives one reward per agent (shape "
+            f"{reward_shape})",
+            "choose a single-agent environment: the agents here learn from one scalar reward")
     sweep = config.get("sweep")
     if sweep is not None:
         sweepable: tuple[str, ...] = ()

@@ -40,10 +40,13 @@ class RunnerState:
 
 def episode_statistics(timesteps: Any) -> dict[str, jax.Array]:
     """Sums and counts of completed episodes among `timesteps` ([T, B], with the extras that
-    `envs_jax.EpisodeStatistics` adds)."""
+    `envs_jax.EpisodeStatistics` adds). An environment with one reward per agent ([T, B, N])
+    counts the team's return, the sum over agents."""
     done = timesteps.last().astype(jnp.float32)
+    returns = timesteps.extras["episode_return"]
+    returns = jnp.sum(jnp.reshape(returns, done.shape + (-1,)), axis=-1)
     return {
-        "episode_return_sum": jnp.sum(done * timesteps.extras["episode_return"]),
+        "episode_return_sum": jnp.sum(done * returns),
         "episode_length_sum": jnp.sum(done * timesteps.extras["episode_length"]),
         "episodes": jnp.sum(done),
     }

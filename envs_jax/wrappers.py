@@ -243,11 +243,16 @@ class NormalizeObservation(Wrapper[NormalizeObservationState]):
 
 
 def wrap_for_training(env: Environment[Any], max_episode_steps: int | None = None) -> Environment:
-    """Time limit (optional) -> episode statistics -> automatic reset.
+    """Flattened observation (for structured ones) -> time limit (optional) -> episode
+    statistics -> automatic reset.
 
-    `envs_jax.make` already applies an environment's standard time limit; `max_episode_steps`
-    here adds another (the shorter one wins), for environments that have none.
+    A structured observation (a dict or other pytree of arrays, e.g. jumanji's) becomes one
+    float32 vector (`FlattenObservation`), which every agent's networks read. `envs_jax.make`
+    already applies an environment's standard time limit; `max_episode_steps` here adds
+    another (the shorter one wins), for environments that have none.
     """
+    if not isinstance(env.observation_spec(), ArraySpec):
+        env = FlattenObservation(env)
     if max_episode_steps is not None:
         env = TimeLimit(env, max_episode_steps)
     return AutoReset(EpisodeStatistics(env))
