@@ -4,7 +4,8 @@
 
 Needs the gymnax extra (`pip install -e '.[gymnax]'`). The 10x10x4 boolean frames are read
 flattened by the MLP networks (a convolutional backward pass inside the compiled scan is slow on
-CPU). The curve reached at 1M environment steps, next to V-trace's, is in docs/benchmarks.md.
+CPU). Not yet a working experiment: its losses become NaN within the first 200 updates (the
+run stops, naming the update); see docs/benchmarks.md.
 """
 
 import ml_collections
