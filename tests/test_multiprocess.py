@@ -170,6 +170,15 @@ def _kill_and_time_survivor(procs, victim, started):
     return err, seconds
 
 
+def _names_lost_process(err: str, k: int) -> bool:
+    """Whether the survivor's stderr names process k as lost: our watchdog's words, or JAX's
+    own, when its error polling ends the process first (the two race at the heartbeat
+    timeout; on a loaded machine either may win)."""
+    return (f"lost process {k}" in err
+            or f"Task {k} heartbeat timeout" in err
+            or f"task {k} heartbeat timeout" in err.lower())
+
+
 ANAKIN_LONG = ["experiments.anakin", *CATCH, "--config.total_env_steps=100000000"]
 
 
@@ -181,7 +190,7 @@ def test_anakin_started_by_hand_survivor_exits_naming_the_lost_process(tmp_path,
                                            lambda: len(read_records(workdir)) >= 1)
     assert seconds < 60
     if victim == 1:
-        assert "podracer: process 0 of 2: lost process 1" in err, err[-3000:]
+        assert _names_lost_process(err, 1), err[-3000:]
     else:
         # Process 0 hosts the coordination service: the survivor finds it gone (our
         # watchdog's words, or JAX's own, which name the "leader task").
@@ -199,7 +208,7 @@ def test_sebulba_started_by_hand_survivor_exits_naming_the_lost_process(tmp_path
                      workdir)
     err, seconds = _kill_and_time_survivor(procs, 1, lambda: len(read_records(workdir)) >= 1)
     assert seconds < 60
-    assert "podracer: process 0 of 2: lost process 1" in err, err[-3000:]
+    assert _names_lost_process(err, 1), err[-3000:]
 
 
 def test_under_the_launcher_a_killed_process_ends_the_run(tmp_path):
