@@ -12,6 +12,7 @@ hand (no launcher), as on a cluster.
 
 import glob
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -175,8 +176,8 @@ def _names_lost_process(err: str, k: int) -> bool:
     own, when its error polling ends the process first (the two race at the heartbeat
     timeout; on a loaded machine either may win)."""
     return (f"lost process {k}" in err
-            or f"Task {k} heartbeat timeout" in err
-            or f"task {k} heartbeat timeout" in err.lower())
+            or f"task {k} heartbeat timeout" in err.lower()
+            or re.search(rf"stopped sending heartbeats\):\s*{k}\b", err) is not None)
 
 
 ANAKIN_LONG = ["experiments.anakin", *CATCH, "--config.total_env_steps=100000000"]
