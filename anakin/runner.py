@@ -2,15 +2,8 @@
 learning in one XLA program per device.
 
 The compiled core (the rollout, the `init` and `chunk` programs, greedy evaluation) lives in
-`anakin.programs`; this module is the host loop around it. Per device, inside one compiled
-call:
-
-    repeat K times (lax.scan):                              # updates_per_chunk
-        repeat T times (lax.scan):                          # rollout_length
-            action = agent.actor_step(params, timestep)     # batched over B envs
-            env_state, timestep = vmap(env.step)(env_state, action)
-        learner_state = agent.learner_step(trajectory)      # gradients pmean'd over devices
-    return state, metrics reduced over the chunk
+`anakin.programs` (its docstring shows the per-device program); this module is the host
+loop around it.
 
 The per-device program is replicated over every device (of every process) by
 `podracer.replication.replicate`. A thin host loop calls the compiled chunk repeatedly and,

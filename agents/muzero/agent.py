@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from agents.hparams import replace_hparams
 from agents.muzero import learning
 from agents.muzero.learning import LearnerState
 from agents.muzero.networks import MuZeroNetwork, make_network
@@ -99,17 +100,8 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
 def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> LearnerState:
     """`learner_state` with the named hyperparameters (fields of `default_config()` listed in
     `SWEEPABLE`) replaced by `hparams`' values, which may be traced scalars."""
-    unknown = sorted(set(hparams) - set(SWEEPABLE))
-    if unknown:
-        raise KeyError(f"MuZero cannot set {unknown}; settable: {list(SWEEPABLE)}.")
-    as_scalar = {k: jnp.asarray(v, jnp.float32) for k, v in hparams.items()}
-    opt_state = learner_state.opt_state
-    injected = {k: v for k, v in as_scalar.items() if k in OPTIMIZER_HPARAMS}
-    if injected:
-        opt_state = opt_state._replace(hyperparams={**opt_state.hyperparams, **injected})
-    loss = {k: v for k, v in as_scalar.items() if k in LOSS_HPARAMS}
-    return learner_state.replace(opt_state=opt_state,
-                                 hparams={**learner_state.hparams, **loss})
+    return replace_hparams(learner_state, hparams, optimizer_hparams=OPTIMIZER_HPARAMS,
+                           loss_hparams=LOSS_HPARAMS, agent_name="MuZero")
 
 
 def stores_frames_once(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> bool:
