@@ -148,3 +148,31 @@ def test_atari_returns_are_unclipped_game_scores_across_life_losses():
     env.close()
     reference.close()
     assert games >= 2 and life_losses >= 2 and big_rewards > 0
+
+
+@pytest.mark.parametrize("protocol, channels", [("atari100k", 3), ("atari100k_grey", 1)])
+def test_atari100k_protocol_reaches_envpool(protocol, channels):
+    # EfficientZero's preprocessing: 96x96 frames (RGB, or grey), 4 stacked, frame skip 4, up to
+    # 30 no-ops, life loss ends the training episode, clipped rewards, no sticky actions, the
+    # minimal action set, no FIRE on reset, 108K-frame (27K-step) games.
+    options = envpool_env.make_options("Breakout-v5", protocol)
+    env = EnvpoolEnv("Breakout-v5", 2, seed=0, options=options)
+    ts = env.reset()
+    # envpool stacks channel-first: 4 frames x `channels` colours; agents see [H, W, C].
+    assert ts.observation.shape == (2, 4 * channels, 96, 96)
+    assert ts.observation.dtype == np.uint8
+    assert envpool_env.env_spec("Breakout-v5", options).observation.shape == (96, 96, 4 * channels)
+    assert envpool_env.env_spec("Breakout-v5", options).action.num_values == 4  # minimal set
+    made = env._env.config  # what envpool itself was configured with
+    expected = {"img_height": 96, "img_width": 96, "gray_scale": channels == 1, "stack_num": 4,
+                "frame_skip": 4, "noop_max": 30, "episodic_life": True, "reward_clip": True,
+                "repeat_action_probability": 0.0, "full_action_space": False,
+                "use_fire_reset": False, "max_episode_steps": 27_000}
+    assert {k: made[k] for k in expected} == expected
+    if channels == 3:
+        # RGB: Breakout's coloured screen differs between the channels of one frame.
+        first = ts.observation[0, :3].reshape(3, -1).mean(axis=1)
+        assert len(set(np.round(first, 3))) == 3
+    env.close()
+    record = envpool_env.run_description("Breakout-v5", protocol, options)
+    assert record["protocol"] == protocol and record["envpool_options"] == expected

@@ -3,7 +3,7 @@
     python -m experiments.sebulba --config=experiments/configs/sebulba_vtrace_atari.py \
         --config.env.task=Breakout-v5 --config.env.protocol=machado --workdir=/tmp/run
 
-The protocol ("impala" or "machado", see `sebulba.ATARI_PROTOCOLS`) fixes frame skip, frame
+The protocol ("impala", "machado", "atari100k", see `sebulba.ATARI_PROTOCOLS`) fixes frame skip, frame
 size, frame stack, no-op starts, episodic life, reward clipping, sticky actions and the action
 set; it is written, with the envpool version, to `<workdir>/run_info.json` and the first output
 line. Logged episode returns are unclipped game scores. The agent's hyperparameters follow the
@@ -22,7 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.seed = 0  # with config and devices, fixes a fixed-lag run (README: Determinism)
     config.env = ml_collections.ConfigDict()
     config.env.task = "Pong-v5"  # any envpool Atari task id ("<Game>-v5")
-    config.env.protocol = "impala"  # "impala" | "machado" (sebulba.ATARI_PROTOCOLS)
+    config.env.protocol = "impala"  # "impala" | "machado" | "atari100k"[_grey] (ATARI_PROTOCOLS)
     config.env.kwargs = ml_collections.ConfigDict()  # envpool options over the protocol's (recorded)
     config.env.num_threads = 0  # envpool C++ threads per actor thread; 0 = envpool's default
     config.agent = vtrace.default_config()
