@@ -38,7 +38,7 @@ PROTOCOLS = ("atari100k", "atari100k_grey")  # sebulba.ATARI_PROTOCOLS entries f
 class Game:
     random: float  # the score of uniformly random actions
     human: float  # the human tester's score
-    efficientzero: float  # Ye et al. (2021), per-game table (mean over seeds and 32 episodes)
+    efficientzero: float  # Ye et al. (2021), its per-game table
 
 
 # Random and human scores as in the Atari 100k papers (from the DQN and Rainbow literature);

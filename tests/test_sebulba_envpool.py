@@ -176,3 +176,34 @@ def test_atari100k_protocol_reaches_envpool(protocol, channels):
     env.close()
     record = envpool_env.run_description("Breakout-v5", protocol, options)
     assert record["protocol"] == protocol and record["envpool_options"] == expected
+
+
+def test_episodic_life_changes_the_game_after_a_life_loss():
+    # Why a whole-game evaluation (EfficientZero's) needs an environment without episodic life,
+    # not only `game_over`: with it, envpool's reset after a life loss (whose action it ignores)
+    # moves the game on, so the same game-step actions from the same seed play another game.
+    options = dict(envpool_env.make_options("Breakout-v5", "atari100k_grey"), img_height=42,
+                   img_width=42)
+    frames = {}
+    for episodic in (True, False):
+        env = envpool.make("Breakout-v5", env_type="gymnasium", num_envs=1, seed=5,
+                           **{**options, "episodic_life": episodic})
+        env.reset()
+        rng = np.random.default_rng(0)
+        seen, lives, reset_next = [], [], False
+        while len(seen) < 120:
+            if reset_next:  # envpool's reset step: not a game step, its action is ignored
+                env.step(np.zeros(1, np.int32))
+                reset_next = False
+                continue
+            obs, _, terminated, _, info = env.step(rng.integers(0, 4, 1).astype(np.int32))
+            seen.append(obs[0, -1].copy())
+            lives.append(int(info["lives"][0]))
+            reset_next = bool(terminated[0])
+        env.close()
+        frames[episodic] = (seen, lives)
+    (a, lives_a), (b, lives_b) = frames[True], frames[False]
+    first_loss = lives_b.index(lives_b[0] - 1)  # the game step that lost the first life
+    assert lives_a[:first_loss + 1] == lives_b[:first_loss + 1]
+    assert all((x == y).all() for x, y in zip(a[:first_loss + 1], b[:first_loss + 1]))
+    assert any((x != y).any() for x, y in zip(a[first_loss + 1:], b[first_loss + 1:]))
