@@ -164,8 +164,8 @@ def results_table(results: Sequence[RunResult]) -> str:
     by_game: dict[str, list[RunResult]] = {}
     for r in results:
         by_game.setdefault(r.game, []).append(r)
-    lines = ["| game | runs | score | human-normalised | EfficientZero | EfficientZero normalised |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| game | runs | score | human-normalised | EfficientZero | EfficientZero normalised "
+             "|", "|---|---|---|---|---|---|"]
     ours, theirs = {}, {}
     for game in sorted(by_game):
         runs = by_game[game]

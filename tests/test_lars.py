@@ -122,9 +122,10 @@ def test_agrees_with_optax_trust_ratio_where_below_one():
     # optax.scale_by_trust_ratio is LARS's scaling without the clip (and without weight decay in
     # the denominator): with beta = 0 the two agree wherever eta ||w|| / ||g|| < 1.
     eta = 0.02
-    keys = jax.random.split(jax.random.PRNGKey(0), 6)
-    params = {f"w{i}": jax.random.normal(keys[i], (4 + i, 3)) for i in range(3)}
-    grads = {f"w{i}": 10.0 * jax.random.normal(keys[3 + i], (4 + i, 3)) for i in range(3)}
+    rng = np.random.default_rng(0)
+    params = {f"w{i}": jnp.asarray(rng.normal(size=(4 + i, 3)), jnp.float32) for i in range(3)}
+    grads = {f"w{i}": jnp.asarray(10 * rng.normal(size=(4 + i, 3)), jnp.float32)
+             for i in range(3)}
     ratios = {k: eta * np.linalg.norm(params[k]) / np.linalg.norm(grads[k]) for k in params}
     assert all(r < 1 for r in ratios.values())
     ours = _update(optim.scale_by_clipped_trust_ratio(eta, 0.0), grads, params)

@@ -3,7 +3,7 @@
     python -m experiments.sebulba --config=experiments/configs/sebulba_vtrace_atari.py \
         --config.env.task=Breakout-v5 --config.env.protocol=machado --workdir=/tmp/run
 
-The protocol ("impala", "machado", "atari100k", see `sebulba.ATARI_PROTOCOLS`) fixes frame skip, frame
+The protocol ("impala" or "machado", see `sebulba.ATARI_PROTOCOLS`) fixes frame skip, frame
 size, frame stack, no-op starts, episodic life, reward clipping, sticky actions and the action
 set; it is written, with the envpool version, to `<workdir>/run_info.json` and the first output
 line. Logged episode returns are unclipped game scores. The agent's hyperparameters follow the
