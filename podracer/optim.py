@@ -72,25 +72,27 @@ def _unmasked_clipped_trust_ratio(eta: float, beta: float) -> optax.GradientTran
 
 
 def scale_by_clipped_trust_ratio(eta: float, beta: float = 0.0, *,
-                                 mask: Mask = matrices_only) -> optax.GradientTransformation:
+                                 mask: Mask | None = None) -> optax.GradientTransformation:
     """Clipped LARS's per-layer scaling: g -> min(eta ||w|| / (||g|| + beta ||w||), 1) (g + beta w).
 
     Args:
       eta: the trust coefficient (LARS's eta).
       beta: the weight decay, in the ratio's denominator and added to the step (LARS's beta).
       mask: which leaves are scaled, optax style (a pytree of bools matching the params, or a
-        function of the params returning one); the others pass through unchanged. By default
-        every leaf of rank >= 2 (`matrices_only`).
+        function of the params returning one); the others pass through unchanged. None (the
+        default) means `matrices_only`: every leaf of rank >= 2. (The default is None rather
+        than the function because `optax.inject_hyperparams` would take a function default for
+        a schedule; pass a function mask there with `static_args=("mask",)`.)
 
     A leaf with ||w|| = 0 or ||g|| = 0 gets ratio 1. Stateless apart from optax's mask wrapper;
     needs `params` in `update`.
     """
-    inner = _unmasked_clipped_trust_ratio(eta, beta)
-    return optax.masked(inner, mask) if mask is not None else inner
+    return optax.masked(_unmasked_clipped_trust_ratio(eta, beta),
+                        matrices_only if mask is None else mask)
 
 
 def clipped_lars(learning_rate: optax.ScalarOrSchedule, *, eta: float, momentum: float = 0.9,
-                 weight_decay: float = 0.0, mask: Mask = matrices_only,
+                 weight_decay: float = 0.0, mask: Mask | None = None,
                  nesterov: bool = False) -> optax.GradientTransformation:
     """Clipped LARS with heavy-ball momentum: the clipped trust ratio (with weight decay), then
     `optax.trace(momentum)`, then `optax.scale_by_learning_rate(learning_rate)` (a float or an

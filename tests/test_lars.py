@@ -70,9 +70,12 @@ def test_mask_leaves_biases_untouched():
         updates = _update(optim.scale_by_clipped_trust_ratio(0.5, 0.1, mask=mask), grads, params)
         np.testing.assert_array_equal(updates["kernel"], grads["kernel"])
         np.testing.assert_allclose(updates["bias"], [100.6 * 5 / 101, 0.8 * 5 / 101], rtol=1e-6)
-    # mask=None: every leaf is scaled.
-    updates = _update(optim.scale_by_clipped_trust_ratio(0.5, 0.1, mask=None), grads, params)
+    # Every leaf scaled.
+    updates = _update(optim.scale_by_clipped_trust_ratio(
+        0.5, 0.1, mask={"kernel": True, "bias": True}), grads, params)
     np.testing.assert_allclose(updates["bias"], [100.6 * 5 / 101, 0.8 * 5 / 101], rtol=1e-6)
+    np.testing.assert_allclose(updates["kernel"], [[0.3 * 2.5 / 10.5, 10.4 * 2.5 / 10.5]],
+                               rtol=1e-6)
 
 
 def test_clipped_lars_with_momentum_and_warmup_over_three_steps():
@@ -128,7 +131,7 @@ def test_agrees_with_optax_trust_ratio_where_below_one():
              for i in range(3)}
     ratios = {k: eta * np.linalg.norm(params[k]) / np.linalg.norm(grads[k]) for k in params}
     assert all(r < 1 for r in ratios.values())
-    ours = _update(optim.scale_by_clipped_trust_ratio(eta, 0.0), grads, params)
+    ours = _update(optim.scale_by_clipped_trust_ratio(eta, 0.0), grads, params)  # all rank 2
     reference = _update(optax.scale_by_trust_ratio(trust_coefficient=eta), grads, params)
     for k in params:
         np.testing.assert_allclose(ours[k], reference[k], rtol=1e-5)
@@ -142,6 +145,28 @@ def test_agrees_with_optax_trust_ratio_where_below_one():
 
 
 def test_needs_params():
-    tx = optim.scale_by_clipped_trust_ratio(0.1, mask=None)
+    tx = optim.scale_by_clipped_trust_ratio(0.1)
     with pytest.raises(ValueError, match="needs the params"):
         tx.update({"w": jnp.ones((2, 2))}, tx.init({"w": jnp.ones((2, 2))}))
+
+
+def test_hyperparameters_can_live_in_the_optimiser_state():
+    # As MuZero holds its optimiser's hyperparameters (optax.inject_hyperparams), so that one
+    # compiled program serves several values: the same steps as the plain chain.
+    params = {"a": jnp.array([[3.0, 4.0]]), "b": jnp.array([[6.0, 8.0]]), "c": jnp.ones(3)}
+    grads = {"a": jnp.array([[0.0, 10.0]]), "b": jnp.array([[1.0, 0.0]]), "c": jnp.ones(3)}
+    plain = optim.clipped_lars(0.1, eta=0.5, momentum=0.9, weight_decay=0.01)
+    injected = optax.inject_hyperparams(optim.clipped_lars)(
+        learning_rate=0.1, eta=0.5, momentum=0.9, weight_decay=0.01)
+    state = injected.init(params)
+    assert float(state.hyperparams["eta"]) == 0.5
+    # A function mask must be static there (inject_hyperparams takes functions for schedules).
+    with_mask = optax.inject_hyperparams(optim.clipped_lars, static_args=("mask",))(
+        learning_rate=0.1, eta=0.5, momentum=0.9, weight_decay=0.01, mask=optim.matrices_only)
+    expected, _ = plain.update(grads, plain.init(params), params)
+    got, _ = jax.jit(injected.update)(grads, state, params)
+    for k in params:
+        np.testing.assert_allclose(got[k], expected[k], rtol=1e-6)
+    got, _ = with_mask.update(grads, with_mask.init(params), params)
+    for k in params:
+        np.testing.assert_allclose(got[k], expected[k], rtol=1e-6)
