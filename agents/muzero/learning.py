@@ -13,6 +13,7 @@ agent (EfficientZero) can call them, or replace one, without copying the rest:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import chex
 import jax
@@ -75,7 +76,8 @@ def observations_at(windows: dict, indices: Array, *, history: int) -> Array:
 
 
 def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, key: PRNGKey,
-                  config: ml_collections.ConfigDict, *, history: int) -> tgt.UnrollTargets:
+                  config: ml_collections.ConfigDict, *, history: int, n: Array | None = None,
+                  search: Callable | None = None) -> tgt.UnrollTargets:
     """`unroll_targets` of a batch of sampled windows (leaves [S, H + K + n + 1, ...], the
     position at index H), leaves [S, K+1, ...].
 
@@ -85,13 +87,25 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
     measure the saving.
     Reanalyse (the first `round(reanalyse_fraction * S)` samples) searches with the target
     network at the K+1 unroll positions (policy targets) and at the bootstrap positions
-    (values). `key` is consumed by that search."""
+    (values). `key` is consumed by that search.
+
+    `n` ([S] int32, each at most `config.td_steps`) shortens each sample's n-step horizon
+    (EfficientZero's off-policy correction); None: `config.td_steps` for all. `search`
+    (params, observations [B, ...], key) -> `mctx.PolicyOutput` replaces MuZero's search for
+    Reanalyse (an agent with another model, e.g. EfficientZero's value prefix)."""
+    if search is None:
+        search = lambda params, obs, key: run_search(network, params, obs, key, config,
+                                                     evaluation=False)
     k1 = config.unroll_steps + 1
     s = windows["step_type"].shape[0]
     ahead = jax.tree.map(lambda x: x[:, history:], windows)
     step_types = ahead["step_type"].astype(jnp.int32)  # [S, K+n+1]
-    boot = jax.vmap(functools.partial(tgt.bootstrap_indices, num_unroll=config.unroll_steps,
-                                      n=config.td_steps))(step_types)  # [S, K+1]
+
+    def horizon(n_i):  # one static n, or each sample's traced n (None is an empty pytree)
+        return {"n": config.td_steps} if n_i is None else {"n": n_i, "max_n": config.td_steps}
+
+    boot = jax.vmap(lambda st, n_i: tgt.bootstrap_indices(
+        st, num_unroll=config.unroll_steps, **horizon(n_i)))(step_types, n)  # [S, K+1]
 
     def values(obs):  # [S', M, ...] -> [S', M]
         flat = obs.reshape((-1,) + obs.shape[2:])
@@ -120,8 +134,7 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
             where = jnp.concatenate(
                 [jnp.broadcast_to(jnp.arange(k1), (num_reanalyse, k1)), boot[:num_reanalyse]], 1)
         obs = observations_at(sub, history + where, history=history)
-        out = run_search(network, target_params, obs.reshape((-1,) + obs.shape[2:]), key,
-                         config, evaluation=False)
+        out = search(target_params, obs.reshape((-1,) + obs.shape[2:]), key)
         searched = out.action_weights.reshape(where.shape + (-1,))
         root_values = out.search_tree.summary().value.reshape(where.shape)
         policies = policies.at[:num_reanalyse, :k1].set(searched[:, :k1])
@@ -130,10 +143,9 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
         else:
             root_values = root_values[:, k1:]
         boot_values = boot_values.at[:num_reanalyse].set(root_values)
-    targets = jax.vmap(functools.partial(
-        tgt.unroll_targets, num_unroll=config.unroll_steps, n=config.td_steps,
-        discount=config.discount))(ahead["reward"], ahead["discount"], step_types, policies,
-                                   boot_values)
+    targets = jax.vmap(lambda r, d, st, pi, v, n_i: tgt.unroll_targets(
+        r, d, st, pi, v, num_unroll=config.unroll_steps, discount=config.discount,
+        **horizon(n_i)))(ahead["reward"], ahead["discount"], step_types, policies, boot_values, n)
     return jax.lax.stop_gradient(targets)
 
 
