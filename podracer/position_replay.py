@@ -32,6 +32,7 @@ learner each device holds its own replay (the learner state is stacked over the 
     state = replay.add(state, steps, sampleable)     # steps: [T, B, ...] time-major
     sample = replay.sample(state, key, batch_size, alpha=0.6, beta=0.4)
     state = replay.update(state, sample.slots, sample.positions, new_priorities)
+    state = replay.refresh(state, priority_fn, batch_windows=256)   # Priority Refresh
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class PositionReplay(NamedTuple):
     sample: Callable[..., PositionSample]
     update: Callable[[PositionReplayState, Array, Array, Array], PositionReplayState]
     size: Callable[[PositionReplayState], Array]
+    refresh: Callable[..., PositionReplayState]
 
 
 def device_memory_bytes(device: jax.Device) -> int | None:
@@ -221,8 +223,31 @@ def make_position_replay(capacity: int, *, period: int, lookahead: int, history:
             max_priority=jnp.maximum(state.max_priority, priorities.max()),
         )
 
+    def refresh(state: PositionReplayState, priority_fn: Callable[[Any], Array],
+                batch_windows: int) -> PositionReplayState:
+        """Every sampleable position's priority recomputed by `priority_fn` (stored windows,
+        leaves [b, L, ...] -> [b, T] priorities of the positions they own), `batch_windows`
+        windows at a time inside one compiled loop; unsampleable positions stay at 0 and
+        the largest priority (given to new data) becomes the largest refreshed one."""
+        b = min(batch_windows, capacity)
+        batches = -(-capacity // b)
+
+        def body(i, priorities):
+            start = jnp.minimum(i * b, capacity - b)  # the last batch may overlap the one before
+            items = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, b),
+                                 state.items)
+            old = jax.lax.dynamic_slice_in_dim(priorities, start, b)
+            new = jnp.where(old > 0, jnp.maximum(priority_fn(items).astype(jnp.float32),
+                                                 epsilon), 0.0)
+            return jax.lax.dynamic_update_slice_in_dim(priorities, new, start, 0)
+
+        priorities = jax.lax.fori_loop(0, batches, body, state.priorities)
+        return state.replace(priorities=priorities,
+                             max_priority=jnp.maximum(priorities.max(), epsilon))
+
     def size(state: PositionReplayState) -> Array:
         """[] int32: the positions that can be sampled."""
         return jnp.sum(state.priorities > 0).astype(jnp.int32)
 
-    return PositionReplay(init=init, add=add, sample=sample, update=update, size=size)
+    return PositionReplay(init=init, add=add, sample=sample, update=update, size=size,
+                          refresh=refresh)

@@ -6,7 +6,11 @@ networks, search (`make_recurrent_fn`, `run_search`), targets, losses and the le
 """
 
 from agents.muzero.agent import (
+    LOSS_HPARAMS,
+    METRIC_NAMES,
+    OPTIMIZER_HPARAMS,
     SWEEPABLE,
+    check_trajectory,
     default_config,
     make_agent,
     make_optimizer,
@@ -15,15 +19,25 @@ from agents.muzero.agent import (
 )
 from agents.muzero.learning import (
     LearnerState,
+    apply_gradients,
     batch_targets,
     importance_exponent,
+    learner_step,
     learner_update,
     observations_at,
+    sample_beta,
+    sample_positions,
     to_replay_steps,
 )
 from agents.muzero.losses import LossOutput, UnrollOutput, unroll_loss, unroll_model
 from agents.muzero.networks import MuZeroNetwork, make_network, normalise_latent
-from agents.muzero.search import make_recurrent_fn, root_output, run_search, value_to_scalar
+from agents.muzero.search import (
+    make_recurrent_fn,
+    root_output,
+    run_search,
+    search_with,
+    value_to_scalar,
+)
 from agents.muzero.targets import (
     UnrollTargets,
     bootstrap_indices,
@@ -36,17 +50,23 @@ from agents.muzero.targets import (
 )
 
 __all__ = [
+    "LOSS_HPARAMS",
+    "METRIC_NAMES",
+    "OPTIMIZER_HPARAMS",
     "SWEEPABLE",
     "LearnerState",
     "LossOutput",
     "MuZeroNetwork",
     "UnrollOutput",
     "UnrollTargets",
+    "apply_gradients",
     "batch_targets",
     "bootstrap_indices",
+    "check_trajectory",
     "default_config",
     "frame_stack",
     "importance_exponent",
+    "learner_step",
     "learner_update",
     "make_agent",
     "make_network",
@@ -59,7 +79,10 @@ __all__ = [
     "probs_to_scalar",
     "root_output",
     "run_search",
+    "sample_beta",
+    "sample_positions",
     "scalar_to_probs",
+    "search_with",
     "set_hparams",
     "stack_restarts",
     "to_replay_steps",

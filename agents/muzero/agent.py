@@ -36,6 +36,8 @@ from podracer.types import Array, EnvSpec, Metrics, PRNGKey, TimeStep, Trajector
 OPTIMIZER_HPARAMS = ("learning_rate", "max_grad_norm", "weight_decay")
 LOSS_HPARAMS = ("value_cost", "priority_exponent", "importance_exponent")
 SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
+METRIC_NAMES = ("loss", "value_loss", "policy_loss", "reward_loss", "grad_norm",
+                "mean_priority", "importance_exponent")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -111,10 +113,11 @@ def stores_frames_once(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> 
     return bool(config.store_frames_once)
 
 
-def make_replay(config: ml_collections.ConfigDict, env_spec: EnvSpec
-                ) -> tuple[pr.PositionReplay, dict, int]:
+def make_replay(config: ml_collections.ConfigDict, env_spec: EnvSpec, *,
+                extra_fields: dict | None = None) -> tuple[pr.PositionReplay, dict, int]:
     """The replay of positions for `config` (memory checked against the device before
-    anything is allocated), an example of one stored timestep, and its history H."""
+    anything is allocated), an example of one stored timestep, and its history H.
+    `extra_fields` ({name: jax.ShapeDtypeStruct}) are stored with each timestep too."""
     obs = env_spec.observation
     frames_once = stores_frames_once(config, env_spec)
     history = int(obs.shape[-1]) - 1 if frames_once else 0
@@ -130,6 +133,7 @@ def make_replay(config: ml_collections.ConfigDict, env_spec: EnvSpec
         "discount": jax.ShapeDtypeStruct((), jnp.float32),
         "step_type": jax.ShapeDtypeStruct((), jnp.int8),
         "policy": jax.ShapeDtypeStruct((env_spec.action.num_values,), jnp.float32),
+        **(extra_fields or {}),
     }
     period, lookahead = config.rollout_length, config.unroll_steps + config.td_steps
     windows = math.ceil(config.replay_capacity / period)
@@ -147,6 +151,27 @@ def make_replay(config: ml_collections.ConfigDict, env_spec: EnvSpec
     replay = pr.make_position_replay(windows, period=period, lookahead=lookahead,
                                      history=history)
     return replay, example, history
+
+
+def check_trajectory(config: ml_collections.ConfigDict, state: LearnerState,
+                     trajectory: Trajectory) -> None:
+    """Raises `ConfigError` when the runner's trajectories do not fit the replay: another T
+    than `agent.rollout_length`, or more environments per device than it has windows."""
+    t, b = trajectory.action.shape[:2]
+    if t != config.rollout_length:
+        raise ConfigError(
+            "agent.rollout_length",
+            f"is {config.rollout_length} but the runner sends trajectories of T={t}",
+            "tie them: config.agent.rollout_length = config.get_ref('rollout_length')",
+        )
+    windows = state.replay.sampleable.shape[0]
+    if b > windows:
+        raise ConfigError(
+            "agent.replay_capacity",
+            f"holds {windows} windows of {t} positions, fewer than the {b} environments "
+            "each learner device receives",
+            f"use at least {b * t} positions",
+        )
 
 
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
@@ -174,51 +199,14 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
             hparams={k: jnp.asarray(config[k], jnp.float32) for k in LOSS_HPARAMS},
         )
 
-    metric_names = ("loss", "value_loss", "policy_loss", "reward_loss", "grad_norm",
-                    "mean_priority", "importance_exponent")
-
     def learner_step(state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
                      axis_name: str | None) -> tuple[LearnerState, Metrics]:
-        t, b = trajectory.action.shape[:2]
-        if t != config.rollout_length:
-            raise ConfigError(
-                "agent.rollout_length",
-                f"is {config.rollout_length} but the runner sends trajectories of T={t}",
-                "tie them: config.agent.rollout_length = config.get_ref('rollout_length')",
-            )
-        windows = state.replay.sampleable.shape[0]
-        if b > windows:
-            raise ConfigError(
-                "agent.replay_capacity",
-                f"holds {windows} windows of {t} positions, fewer than the {b} environments "
-                "each learner device receives",
-                f"use at least {b * t} positions",
-            )
+        check_trajectory(config, state, trajectory)
         steps, sampleable = learning.to_replay_steps(trajectory, frames_once=frames_once)
-        state = state.replace(replay=replay.add(state.replay, steps, sampleable))
-
-        def train(state):
-            keys = jax.random.split(key, config.updates_per_step)
-            state, metrics = jax.lax.scan(
-                lambda s, k: learning.learner_update(network, optimizer, replay, config, s, k,
-                                                     history=history, axis_name=axis_name),
-                state, keys)
-            return state, jax.tree.map(jnp.mean, metrics)
-
-        def wait(state):
-            return state, {name: jnp.zeros((), jnp.float32) for name in metric_names}
-
-        # Every device inserts the same number of positions, but LAST steps are not
-        # sampleable, so devices may disagree on `ready`: all wait for the slowest.
-        size = replay.size(state.replay)
-        ready = size >= config.min_replay_items
-        if axis_name is not None:
-            ready = jax.lax.pmin(ready.astype(jnp.int32), axis_name) > 0
-        state, metrics = jax.lax.cond(ready, train, wait, state)
-        metrics = {**metrics, "replay_size": size.astype(jnp.float32)}
-        if axis_name is not None:
-            metrics = jax.lax.pmean(metrics, axis_name)
-        return state, metrics
+        update = lambda s, k: learning.learner_update(network, optimizer, replay, config, s, k,
+                                                      history=history, axis_name=axis_name)
+        return learning.learner_step(update, replay, config, state, steps, sampleable, key,
+                                     metric_names=METRIC_NAMES, axis_name=axis_name)
 
     return Agent(
         init=init,
