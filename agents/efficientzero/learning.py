@@ -48,7 +48,7 @@ def value_prefix_targets(rewards: Array, horizon: int) -> Array:
     chex.assert_rank(rewards, 1)
     k = jnp.arange(rewards.shape[0])
     running = jnp.cumsum(rewards.at[0].set(0.0))
-    last_reset = horizon * jnp.maximum(k - 1, 0) // horizon
+    last_reset = horizon * (jnp.maximum(k - 1, 0) // horizon)
     return jnp.where(k == 0, 0.0, running - running[last_reset])
 
 
