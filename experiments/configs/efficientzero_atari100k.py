@@ -23,6 +23,7 @@ from experiments.configs import sebulba_vtrace_atari
 def get_config() -> ml_collections.ConfigDict:
     config = sebulba_vtrace_atari.get_config()
     config.env.protocol = "atari100k"
+    config.env.eval_kwargs.episodic_life = False  # evaluation plays whole games
     config.actor_threads_per_device = 2
     config.envs_per_actor_thread = 10
     config.rollout_length = 20  # 2 x 10 x 20 = 400 agent steps per update: 250 updates
