@@ -203,19 +203,15 @@ def _trajectory(spec, t, b, key):
                       extras={"policy": policy})
 
 
+# Every switch in both positions across four programs (each compiles acting and learning).
 @pytest.mark.parametrize("changes, spec", [
-    ({}, SPEC),
-    ({"value_prefix": False}, SPEC),
-    ({"consistency": False}, SPEC),
-    ({"td_age_interval": 8}, SPEC),
-    ({"reanalyse_fraction": 0.0}, SPEC),
-    ({"unroll_gradient_scale": False}, SPEC),
-    ({"refresh_interval": 1, "refresh_batch": 3}, SPEC),
-    ({"optimizer": "clipped_lars", "learning_rate": 0.1}, SPEC),
-    ({"search": "gumbel"}, SPEC),
-    ({"network": "ez_resnet", "augment": True}, IMAGE_SPEC),
-    ({"network": "resnet", "augment": False}, IMAGE_SPEC),
-])
+    ({}, SPEC),  # everything on, Reanalyse included
+    ({"value_prefix": False, "consistency": False, "reanalyse_fraction": 0.0,
+      "unroll_gradient_scale": False}, SPEC),
+    ({"td_age_interval": 8, "refresh_interval": 1, "refresh_batch": 3,
+      "optimizer": "clipped_lars", "learning_rate": 0.1, "search": "gumbel"}, SPEC),
+    ({"network": "ez_resnet", "augment": True, "reanalyse_fraction": 0.0}, IMAGE_SPEC),
+], ids=["all-on", "all-off", "age-refresh-lars-gumbel", "ez_resnet-augment"])
 def test_every_ablation_switch_builds_acts_and_learns_finitely(changes, spec):
     config = small_config(**changes)
     agent = agents.make(config, spec)
@@ -304,3 +300,28 @@ def test_efficientzero_sebulba_improves_on_cartpole():
     curve = [round(r["episode_return"]) for r in result.history]
     assert result.history[0]["episode_return"] < 40, curve
     assert mean_late >= 75, curve
+
+
+def test_augmentation_shifts_each_sample_by_one_offset_and_scales_its_intensity():
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (5, 3, 12, 10, 2), dtype=np.uint8)  # [S, M, H, W, C]
+    out = np.asarray(ez.augment(jnp.asarray(frames), jax.random.key(4), shift=2,
+                                intensity=0.05))
+    x = frames.astype(np.float32) / 255.0
+    padded = np.pad(x, ((0, 0), (0, 0), (2, 2), (2, 2), (0, 0)), mode="edge")
+    offsets = set()
+    for s in range(5):
+        # Some offset (dy, dx) in [0, 4]^2 and some factor in [0.9, 1.1] give every step of
+        # sample s: the crop of the edge-padded frames, scaled.
+        found = []
+        for dy in range(5):
+            for dx in range(5):
+                crop = padded[s, :, dy:dy + 12, dx:dx + 10]
+                factor = out[s].sum() / crop.sum()
+                if np.allclose(out[s], crop * factor, rtol=1e-5, atol=1e-6):
+                    found.append((dy, dx, factor))
+        assert found, s
+        dy, dx, factor = found[0]
+        assert 0.9 - 1e-6 <= factor <= 1.1 + 1e-6
+        offsets.add((dy, dx))
+    assert len(offsets) > 1  # the offsets are drawn per sample
