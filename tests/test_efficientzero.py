@@ -15,7 +15,7 @@ from podracer import position_replay as pr
 from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, StepType, TimeStep, Trajectory
 
 SPEC = EnvSpec(observation=ArraySpec((6, 4), np.float32), action=DiscreteSpec(3))
-IMAGE_SPEC = EnvSpec(observation=ArraySpec((24, 24, 2), np.uint8), action=DiscreteSpec(3))
+IMAGE_SPEC = EnvSpec(observation=ArraySpec((16, 16, 2), np.uint8), action=DiscreteSpec(3))
 
 
 def small_config(**changes):
