@@ -27,7 +27,7 @@ from agents.muzero.learning import LearnerState
 from podracer import optim
 from podracer.agent import Agent
 from podracer.config import ConfigError
-from podracer.types import Array, EnvSpec, Metrics, PRNGKey, TimeStep, Trajectory
+from podracer.types import Array, EnvSpec, Metrics, PRNGKey, Trajectory
 
 OPTIMIZER_HPARAMS = muzero.OPTIMIZER_HPARAMS
 LOSS_HPARAMS = muzero.LOSS_HPARAMS + ("consistency_cost",)
@@ -121,26 +121,13 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     optimizer = make_optimizer(config)
     replay, example_step, history = muzero.make_replay(
         config, env_spec, extra_fields={"collected_at": jax.ShapeDtypeStruct((), jnp.int32)})
-    frames_once = muzero.agent.stores_frames_once(config, env_spec)
+    frames_once = muzero.stores_frames_once(config, env_spec)
 
-    def actor_step(params, actor_state, timestep: TimeStep, key: PRNGKey, *, evaluation=False):
-        out = run_search(network, params, timestep.observation, key, config,
-                         evaluation=evaluation)
-        action = jnp.argmax(out.action_weights, -1) if evaluation else out.action
-        return action.astype(jnp.int32), actor_state, {"policy": out.action_weights}
-
-    def init(key: PRNGKey, spec: EnvSpec = env_spec) -> LearnerState:
-        dummy_obs = jnp.zeros((1,) + tuple(spec.observation.shape), spec.observation.dtype)
-        params = network.init(key, dummy_obs, jnp.zeros((1,), jnp.int32))
-        return LearnerState(
-            params=params,
-            target_params=params,
-            opt_state=optimizer.init(params),
-            replay=replay.init(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                                            example_step)),
-            updates=jnp.zeros((), jnp.int32),
-            hparams={k: jnp.asarray(config[k], jnp.float32) for k in LOSS_HPARAMS},
-        )
+    search = lambda params, observation, key, evaluation: run_search(
+        network, params, observation, key, config, evaluation=evaluation)
+    actor_step = muzero.make_actor_step(search)
+    init = lambda key, spec=env_spec: muzero.init_learner_state(
+        network, optimizer, replay, example_step, {k: config[k] for k in LOSS_HPARAMS}, key, spec)
 
     def learner_step(state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
                      axis_name: str | None) -> tuple[LearnerState, Metrics]:

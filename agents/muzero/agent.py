@@ -174,30 +174,48 @@ def check_trajectory(config: ml_collections.ConfigDict, state: LearnerState,
         )
 
 
+def make_actor_step(search):
+    """`Agent.actor_step` of a searching agent: `search(params, observation, key, evaluation)`
+    -> `mctx.PolicyOutput`; acts by the search's sampled action (its most visited one when
+    evaluating) and ships the search policy as the policy target."""
+
+    def actor_step(params, actor_state, timestep: TimeStep, key: PRNGKey, *, evaluation=False):
+        out = search(params, timestep.observation, key, evaluation)
+        action = jnp.argmax(out.action_weights, -1) if evaluation else out.action
+        return action.astype(jnp.int32), actor_state, {"policy": out.action_weights}
+
+    return actor_step
+
+
+def init_learner_state(network, optimizer: optax.GradientTransformation,
+                       replay: pr.PositionReplay, example_step: dict,
+                       loss_hparams: dict[str, float], key: PRNGKey, spec: EnvSpec
+                       ) -> LearnerState:
+    """`Agent.init`: parameters from `network.init(key, observation, action)`, their target
+    copy, the optimiser state, an empty replay and the loss's hyperparameters as arrays."""
+    dummy_obs = jnp.zeros((1,) + tuple(spec.observation.shape), spec.observation.dtype)
+    params = network.init(key, dummy_obs, jnp.zeros((1,), jnp.int32))
+    return LearnerState(
+        params=params,
+        target_params=params,
+        opt_state=optimizer.init(params),
+        replay=replay.init(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), example_step)),
+        updates=jnp.zeros((), jnp.int32),
+        hparams={k: jnp.asarray(v, jnp.float32) for k, v in loss_hparams.items()},
+    )
+
+
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     network: MuZeroNetwork = make_network(config, env_spec)
     optimizer = make_optimizer(config)
     replay, example_step, history = make_replay(config, env_spec)
     frames_once = stores_frames_once(config, env_spec)
 
-    def actor_step(params, actor_state, timestep: TimeStep, key: PRNGKey, *, evaluation=False):
-        out = run_search(network, params, timestep.observation, key, config,
-                         evaluation=evaluation)
-        action = jnp.argmax(out.action_weights, -1) if evaluation else out.action
-        return action.astype(jnp.int32), actor_state, {"policy": out.action_weights}
-
-    def init(key: PRNGKey, spec: EnvSpec = env_spec) -> LearnerState:
-        dummy_obs = jnp.zeros((1,) + tuple(spec.observation.shape), spec.observation.dtype)
-        params = network.init(key, dummy_obs, jnp.zeros((1,), jnp.int32))
-        return LearnerState(
-            params=params,
-            target_params=params,
-            opt_state=optimizer.init(params),
-            replay=replay.init(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                                            example_step)),
-            updates=jnp.zeros((), jnp.int32),
-            hparams={k: jnp.asarray(config[k], jnp.float32) for k in LOSS_HPARAMS},
-        )
+    search = lambda params, observation, key, evaluation: run_search(
+        network, params, observation, key, config, evaluation=evaluation)
+    actor_step = make_actor_step(search)
+    init = lambda key, spec=env_spec: init_learner_state(
+        network, optimizer, replay, example_step, {k: config[k] for k in LOSS_HPARAMS}, key, spec)
 
     def learner_step(state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
                      axis_name: str | None) -> tuple[LearnerState, Metrics]:
