@@ -3,6 +3,18 @@
 A checkpoint is one step directory `<directory>/<step>/` holding `state` (any pytree of arrays;
 global `jax.Array`s sharded over the devices of several processes included: every process
 writes its own shards) and `meta` (JSON: counters, the config, and a fingerprint of `state`).
+
+Saving never stops the caller to look at the state. `save` (or `snapshot`, ahead of it)
+dispatches one compiled program that copies the state where it lives and reduces every bit of
+it to a 64-bit fingerprint there; both are computed on the devices after the work already
+queued, and the caller goes on at once (it may donate or overwrite its arrays: the copy is the
+checkpoint's). With `asynchronous=True`, in a single process, a writer thread then waits for
+the copy, fetches the fingerprint (two words) and has orbax write the files; the caller only
+waits if it saves again before the previous save is on disk. In a multi-process run orbax's
+barriers are collectives that every process must enter in the same order as its training
+steps, so the writing is handed to orbax from the calling thread instead, at the `save` call:
+that waits for the copy to be computed and for orbax's copy to host memory, and orbax writes
+the files in the background.
 orbax writes a step into a temporary directory and renames it once complete, so a process
 killed mid-save leaves no half-written step under a step name; leftover temporary directories
 are removed when the next run opens the directory.
@@ -22,8 +34,10 @@ polls between compiled calls, so that it can save a checkpoint and exit cleanly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
+import queue
 import shutil
 import signal
 import threading
@@ -72,8 +86,7 @@ def _as_uint32(x: jax.Array) -> jax.Array:
 _SEEDS = (0x9E3779B9, 0x7F4A7C15)  # two independent 32-bit lanes: a 64-bit digest
 
 
-@jax.jit
-def _digest(leaves: list[jax.Array]) -> jax.Array:
+def _digest_leaves(leaves: list[jax.Array]) -> jax.Array:
     seeds = jnp.asarray(_SEEDS, jnp.uint32)
     total = jnp.zeros((len(_SEEDS),), jnp.uint32)
     for i, leaf in enumerate(leaves):
@@ -88,6 +101,21 @@ def _digest(leaves: list[jax.Array]) -> jax.Array:
         layout = zlib.crc32(f"{i}:{leaf.shape}:{leaf.dtype}".encode())
         total = total + _mix(lanes ^ jnp.uint32(layout))
     return total
+
+
+_digest = jax.jit(_digest_leaves)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _copy_and_digest(leaves: list[jax.Array], copy: tuple[bool, ...]) -> tuple[list, jax.Array]:
+    """Copies of the leaves marked in `copy` (new buffers, same shardings) and the digest of
+    all `leaves`, as one program: nothing leaves the devices but the result."""
+    return [jnp.copy(x) for x, c in zip(leaves, copy) if c], _digest_leaves(leaves)
+
+
+def _digest_hex(words: Any) -> str:
+    words = np.asarray(words)
+    return f"device:{int(words[0]):08x}{int(words[1]):08x}"
 
 
 def _host_digest(leaves: list[Any]) -> str:
@@ -119,8 +147,39 @@ def fingerprint(tree: Any, *, on_device: bool | None = None) -> str:
     leaves = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in leaves]
     if not leaves:
         return "device:" + "0" * 16
-    words = np.asarray(_digest(leaves))
-    return f"device:{int(words[0]):08x}{int(words[1]):08x}"
+    return _digest_hex(_digest(leaves))
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A copy of a state taken where it lives, and its fingerprint being computed there (see
+    `snapshot`). Neither may be ready yet; `Checkpointer.save` accepts it in place of a state."""
+
+    state: Any  # the copy: jax.Arrays copied on their devices, other leaves copied on the host
+    digest: jax.Array  # [2] uint32, the "device:" fingerprint's words
+
+    def fingerprint(self) -> str:
+        """The state's fingerprint (waits until it is computed)."""
+        return _digest_hex(self.digest)
+
+
+def snapshot(state: Any) -> Snapshot:
+    """Dispatches a copy of `state` and its "device:" fingerprint; returns without waiting.
+
+    The copy is ordered after the computations already dispatched that write `state`, and
+    before any later one that donates it, so the caller may go on and donate `state` at once.
+    The fingerprint equals `fingerprint(state, on_device=True)`. Leaves that are not
+    `jax.Array`s (numpy arrays, scalars) are copied on the host.
+    """
+    leaves, treedef = jax.tree.flatten(state)
+    is_array = tuple(isinstance(x, jax.Array) for x in leaves)
+    if not leaves:
+        return Snapshot(state=state, digest=jnp.zeros((2,), jnp.uint32))
+    on_device = [x if a else jnp.asarray(x) for x, a in zip(leaves, is_array)]
+    copies, digest = _copy_and_digest(on_device, is_array)
+    copies = iter(copies)
+    leaves = [next(copies) if a else np.array(x, copy=True) for x, a in zip(leaves, is_array)]
+    return Snapshot(state=jax.tree.unflatten(treedef, leaves), digest=digest)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,9 +216,12 @@ def _abstract(target: Any) -> Any:
 class Checkpointer:
     """Saves and restores `(state, metadata)` by step in `directory`, keeping the newest few.
 
-    With `asynchronous=True`, `save` returns once the arrays are copied to host memory (so the
-    caller may donate or overwrite them) and the files are written in the background; the next
-    `save`, `wait` and `close` wait for it. Either way a step appears on disk only complete.
+    `save` dispatches a copy of the state and its fingerprint on the devices (see `snapshot`)
+    and never hashes or inspects the state on the host. With `asynchronous=False` it then
+    returns once the step is on disk. With `asynchronous=True` it returns at once in a single
+    process (a writer thread waits for the copy and writes it; see the module docstring for a
+    multi-process run); the next `save`, `wait`, `steps` and `close` wait for the previous
+    save, and re-raise an error it met. Either way a step appears on disk only complete.
     """
 
     def __init__(self, directory: str, *, max_to_keep: int = 3, asynchronous: bool = False):
@@ -167,35 +229,83 @@ class Checkpointer:
 
         self._ocp = ocp
         self.directory = os.path.abspath(directory)
+        # Single process: the writer thread calls orbax synchronously. Several: orbax's own
+        # background writing, handed over from the calling thread (its barriers are
+        # collectives, which must not run beside the training steps' in another thread).
+        self._threaded = asynchronous and jax.process_count() == 1
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
-            enable_async_checkpointing=asynchronous,
+            enable_async_checkpointing=asynchronous and not self._threaded,
             create=True,
             cleanup_tmp_directories=True,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_names=(_STATE, _META))
+        self._jobs: queue.Queue | None = None
+        self._writer: threading.Thread | None = None
+        self._idle = threading.Event()
+        self._idle.set()
+        self._error: BaseException | None = None
+        self.blocked_seconds = 0.0  # time `save` made its caller wait for an earlier save
 
     def steps(self) -> list[int]:
-        """The steps on disk, oldest first."""
+        """The steps on disk, oldest first (after the saves in flight)."""
+        self.wait()
         return sorted(self._manager.all_steps())
 
     def save(self, step: int, state: Any, metadata: dict[str, Any] | None = None) -> None:
-        ocp = self._ocp
+        """Saves `state` (a pytree of arrays, or a `Snapshot` of one) as `step`."""
+        taken = state if isinstance(state, Snapshot) else snapshot(state)
         meta = dict(metadata or {})
-        meta["fingerprint"] = fingerprint(state)
-        meta["layout"] = state_layout(state)
+        meta["layout"] = state_layout(taken.state)
         meta["saved_at"] = time.time()
+        if not self._threaded:
+            self._write(step, taken, meta)
+            return
+        started = time.perf_counter()
+        self._finish_previous()
+        self.blocked_seconds += time.perf_counter() - started
+        if self._writer is None:
+            self._jobs = queue.Queue()
+            self._writer = threading.Thread(target=self._write_jobs, daemon=True,
+                                            name="podracer-checkpoint-writer")
+            self._writer.start()
+        self._idle.clear()
+        self._jobs.put((step, taken, meta))
+
+    def _write(self, step: int, taken: Snapshot, meta: dict[str, Any]) -> None:
+        ocp = self._ocp
+        meta["fingerprint"] = taken.fingerprint()  # waits for the copy's program
         self._manager.save(
             step,
             args=ocp.args.Composite(
-                **{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(meta)}
+                **{_STATE: ocp.args.StandardSave(taken.state), _META: ocp.args.JsonSave(meta)}
             ),
             force=True,
         )
 
+    def _write_jobs(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                self._write(*job)
+            except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+                self._error = error
+            finally:
+                del job  # frees the copy's device buffers before waiting for the next one
+                self._idle.set()
+
+    def _finish_previous(self) -> None:
+        self._idle.wait()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"Saving a checkpoint in {self.directory} failed") from error
+
     def wait(self) -> None:
-        """Blocks until every save has reached the disk."""
+        """Blocks until every save has reached the disk (re-raises a failed save's error)."""
+        self._finish_previous()
         self._manager.wait_until_finished()
 
     def restore(self, step: int, target: Any) -> Restored:
@@ -248,8 +358,14 @@ class Checkpointer:
         self._manager.reload()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            if self._writer is not None:
+                self._jobs.put(None)
+                self._writer.join()
+                self._writer = None
+            self._manager.close()
 
     def __enter__(self) -> Self:
         return self
@@ -337,5 +453,5 @@ def load_arrays(directory: str, step: int | None = None) -> tuple[Any, dict[str,
     return jax.tree.map(np.asarray, state), metadata
 
 
-__all__ = ["Checkpointer", "CorruptCheckpointError", "Preemption", "Restored", "fingerprint",
-           "load_arrays", "read_metadata", "state_layout"]
+__all__ = ["Checkpointer", "CorruptCheckpointError", "Preemption", "Restored", "Snapshot",
+           "fingerprint", "load_arrays", "read_metadata", "snapshot", "state_layout"]

@@ -1,9 +1,11 @@
 """podracer.checkpoint: round trips of sharded state, retention, corrupt and partial steps,
-fingerprints, and SIGTERM turned into a flag."""
+fingerprints, snapshots taken on the devices, asynchronous saves that neither wait for the
+state nor lose it to donation, and SIGTERM turned into a flag."""
 
 import json
 import os
 import signal
+import time
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,7 @@ from podracer.checkpoint import (
     fingerprint,
     load_arrays,
     read_metadata,
+    snapshot,
 )
 
 
@@ -174,3 +177,84 @@ def test_sigterm_becomes_a_flag_while_entered():
         assert preemption.requested()
         assert preemption.received == signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_snapshot_is_a_copy_with_the_device_fingerprint(mesh):
+    state = _state(mesh)
+    taken = snapshot(state)
+    for copy, original in zip(jax.tree.leaves(taken.state), jax.tree.leaves(state)):
+        for a, b in zip(copy.addressable_shards, original.addressable_shards, strict=True):
+            assert a.data.unsafe_buffer_pointer() != b.data.unsafe_buffer_pointer()
+        assert copy.sharding == original.sharding
+    _assert_identical(taken.state, state)
+    assert taken.fingerprint() == fingerprint(state, on_device=True)
+    # Host leaves are copied too: changing the caller's array later changes nothing saved.
+    host = {"a": np.arange(3, dtype=np.int32)}
+    taken = snapshot(host)
+    host["a"][0] = 99
+    assert int(taken.state["a"][0]) == 0
+    assert taken.fingerprint() == fingerprint({"a": np.arange(3, dtype=np.int32)},
+                                              on_device=True)
+
+
+def _overwrite(tree):
+    return jax.tree.map(lambda x: x if x.dtype == jnp.bool_ or x.dtype == jnp.uint32 else
+                        x * 3 + 1, tree)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_saved_state_survives_the_caller_donating_it_right_after(tmp_path, mesh, asynchronous):
+    state = _state(mesh)
+    expected = jax.device_get(state)
+    donate = jax.jit(_overwrite, donate_argnums=0)
+    with Checkpointer(str(tmp_path), asynchronous=asynchronous) as checkpointer:
+        checkpointer.save(1, state, {"updates": 1})
+        after = donate(state)  # the next training step reuses the buffers at once
+        restored = checkpointer.restore_latest(_state(mesh, offset=50.0))
+    _assert_identical(restored.state, expected)
+    assert not np.array_equal(np.asarray(after["params"]["w"]), expected["params"]["w"])
+
+
+@jax.jit
+def _slow(x):
+    # About a second or more of CPU work whose result the save must not wait for.
+    def body(_, y):
+        return jnp.tanh(y @ y) * 0.5
+    return jax.lax.fori_loop(0, 60, body, x)
+
+
+def test_asynchronous_save_does_not_wait_for_the_state(tmp_path):
+    x = jnp.ones((512, 512), jnp.float32) / 512
+    jax.block_until_ready(_slow(x))  # compiled
+    with Checkpointer(str(tmp_path), asynchronous=True) as checkpointer:
+        checkpointer.save(1, {"x": x})  # compiles the copy-and-digest program for this tree
+        checkpointer.wait()
+        start = time.perf_counter()
+        y = _slow(x)
+        returned_before = []
+        checkpointer.save(2, {"x": y}, {"updates": 2})
+        returned_before.append(not y.is_ready())
+        save_seconds = time.perf_counter() - start
+        jax.block_until_ready(y)
+        compute_seconds = time.perf_counter() - start
+        assert checkpointer.steps() == [1, 2]
+        restored = checkpointer.restore(2, {"x": y})
+    # The save returned while the state it saves was still being computed.
+    assert returned_before == [True], (save_seconds, compute_seconds)
+    np.testing.assert_array_equal(np.asarray(restored.state["x"]), np.asarray(y))
+    assert restored.metadata["fingerprint"].startswith("device:")
+
+
+def test_a_failed_asynchronous_save_is_raised_by_the_next_call(tmp_path, mesh, monkeypatch):
+    with Checkpointer(str(tmp_path), asynchronous=True) as checkpointer:
+        def fail(*args, **kwargs):
+            raise OSError("disk full")
+
+        monkeypatch.setattr(checkpointer._manager, "save", fail)
+        checkpointer.save(1, _state(mesh))
+        with pytest.raises(RuntimeError, match="failed") as info:
+            checkpointer.wait()
+        assert isinstance(info.value.__cause__, OSError)
+        monkeypatch.undo()
+        checkpointer.save(2, _state(mesh))
+        assert checkpointer.steps() == [2]
