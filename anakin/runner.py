@@ -146,6 +146,13 @@ def _record(metrics: dict[str, Any], *, chunk: int, steps_per_chunk: int,
     }
 
 
+def _first_slice_on_host(x: jax.Array) -> np.ndarray:
+    """This process's first device's slice of a stacked array, copied to the host without
+    dispatching any computation: a computation (even a slice) dispatched now would run only
+    after the chunk in flight, which the pipelined loop must not wait for."""
+    return np.asarray(x.addressable_shards[0].data)[0]
+
+
 def _mean_record(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The runs' records averaged (counters kept; the sweep's throughput summed)."""
     mean = dict(records[0])
@@ -183,12 +190,15 @@ class _Programs:
     chunk_fn: Callable | None = None  # compiled for the state `init_fn` returns
     evaluators: dict[tuple[int, int], Callable] = dataclasses.field(default_factory=dict)
 
-    def evaluator(self, num_episodes: int, max_steps: int) -> Callable:
+    def evaluator(self, num_episodes: int, max_steps: int, params: Any, keys: Any) -> Callable:
+        """The evaluator, compiled ahead for arguments like `params` and `keys` (compiling
+        at the first call would hold the host loop while the devices run dry)."""
         key = (num_episodes, max_steps)
         if key not in self.evaluators:
             fn = make_evaluator(self.agent, self.env, num_episodes=num_episodes,
                                 max_steps=max_steps)
-            self.evaluators[key] = jax.jit(jax.vmap(fn) if self.sweep else fn)
+            jitted = jax.jit(jax.vmap(fn) if self.sweep else fn)
+            self.evaluators[key] = jitted.lower(params, keys).compile()
         return self.evaluators[key]
 
 
@@ -317,6 +327,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     if checkpoint_dir is not None:
         # The checkpoints' copy-and-fingerprint program, compiled here, not at the first save.
         jax.block_until_ready(snapshot(state).digest)
+    if option(config, "eval_every_updates") > 0:
+        # And the evaluator, not at the first evaluation (arguments shaped as it will get).
+        params = replication.unreplicate(agent.actor_params(state.learner_state))
+        keys = np.zeros((num_runs, 2) if sweep else (2,), np.uint32)
+        programs.evaluator(option(config, "eval_episodes"), option(config, "eval_max_steps"),
+                           params, keys)
     compile_seconds = time.perf_counter() - start
 
     steps_per_chunk = config.updates_per_chunk * config.rollout_length * config.num_envs
@@ -374,17 +390,22 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     eval_every = option(config, "eval_every_updates")
     checkpoint_every = option(config, "checkpoint_every_updates")
 
-    def dispatch_eval(state: RunnerState, updates: int) -> Any:
-        # Dispatched, not fetched: the keys are made on the device too, so that nothing here
-        # waits for the chunk whose parameters it evaluates.
-        evaluator = programs.evaluator(option(config, "eval_episodes"),
-                                       option(config, "eval_max_steps"))
+    def eval_args(state: RunnerState, updates: int) -> tuple[Any, Any]:
+        # Computed on the devices, so that nothing here waits for the chunk whose parameters
+        # are evaluated.
         keys = jnp.stack([
             jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(r.seed), _EVAL_STREAM),
                                updates)
             for r in runs])
         params = replication.unreplicate(agent.actor_params(state.learner_state))
-        return evaluator(params, keys if sweep else keys[0])
+        return params, keys if sweep else keys[0]
+
+    def dispatch_eval(state: RunnerState, updates: int) -> Any:
+        """Dispatches the evaluation of `state`'s parameters; fetched later (`fetch_eval`)."""
+        args = eval_args(state, updates)
+        evaluator = programs.evaluator(option(config, "eval_episodes"),
+                                       option(config, "eval_max_steps"), *args)
+        return evaluator(*args)
 
     def fetch_eval(out: Any) -> list[dict[str, float]]:
         out = jax.device_get(out)
@@ -432,7 +453,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         to record."""
         nonlocal last_fetch, eval_seconds
         i = job.chunk
-        metrics = jax.device_get(replication.unreplicate(job.metrics))
+        metrics = jax.tree.map(_first_slice_on_host, job.metrics)
         first_bad = np.atleast_1d(metrics.pop(FIRST_NONFINITE))
         now = time.perf_counter()
         wall_time = now - run_start + compile_seconds + wall_offset
