@@ -71,26 +71,33 @@ def _mix(h: jax.Array) -> jax.Array:
     return h ^ (h >> 16)
 
 
-def _as_uint32(x: jax.Array) -> jax.Array:
+def _as_uint32(x: jax.Array, packed: bool) -> jax.Array:
+    """The leaf's bits as 32-bit words: 8-byte values as pairs of words; narrower values one
+    per word ("device:", the first scheme) or, `packed`, 4 bytes or 2 halves to a word where
+    the size allows ("device2:": a uint8 replay buffer needs 4x fewer mixing steps)."""
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = jax.random.key_data(x)
     if x.dtype == jnp.bool_:
-        return x.astype(jnp.uint32).ravel()
+        x = x.astype(jnp.uint8)
     size = x.dtype.itemsize
-    if size >= 4:  # 8-byte values bitcast to a trailing pair of words
+    if size >= 4:
         return jax.lax.bitcast_convert_type(x, jnp.uint32).ravel()
     narrow = jnp.uint16 if size == 2 else jnp.uint8
-    return jax.lax.bitcast_convert_type(x, narrow).astype(jnp.uint32).ravel()
+    x = jax.lax.bitcast_convert_type(x, narrow).ravel()
+    per_word = 4 // size
+    if packed and x.size % per_word == 0 and x.size:
+        return jax.lax.bitcast_convert_type(x.reshape(-1, per_word), jnp.uint32)
+    return x.astype(jnp.uint32)
 
 
 _SEEDS = (0x9E3779B9, 0x7F4A7C15)  # two independent 32-bit lanes: a 64-bit digest
 
 
-def _digest_leaves(leaves: list[jax.Array]) -> jax.Array:
+def _digest_leaves(leaves: list[jax.Array], packed: bool = True) -> jax.Array:
     seeds = jnp.asarray(_SEEDS, jnp.uint32)
     total = jnp.zeros((len(_SEEDS),), jnp.uint32)
     for i, leaf in enumerate(leaves):
-        bits = _as_uint32(leaf)[:, None]
+        bits = _as_uint32(leaf, packed)[:, None]
         position = jnp.arange(bits.shape[0], dtype=jnp.uint32)[:, None]
         # Position-dependent mixing, so that moved or swapped values change the digest. The
         # wrapping uint32 sum is exact: the digest does not depend on how XLA orders the
@@ -103,7 +110,8 @@ def _digest_leaves(leaves: list[jax.Array]) -> jax.Array:
     return total
 
 
-_digest = jax.jit(_digest_leaves)
+_digest = jax.jit(_digest_leaves, static_argnums=1)
+_DEVICE = "device2:"  # the scheme new fingerprints use on the devices; "device:" still verifies
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -113,9 +121,9 @@ def _copy_and_digest(leaves: list[jax.Array], copy: tuple[bool, ...]) -> tuple[l
     return [jnp.copy(x) for x, c in zip(leaves, copy) if c], _digest_leaves(leaves)
 
 
-def _digest_hex(words: Any) -> str:
+def _digest_hex(words: Any, scheme: str = _DEVICE) -> str:
     words = np.asarray(words)
-    return f"device:{int(words[0]):08x}{int(words[1]):08x}"
+    return f"{scheme}{int(words[0]):08x}{int(words[1]):08x}"
 
 
 def _host_digest(leaves: list[Any]) -> str:
@@ -130,24 +138,34 @@ def _host_digest(leaves: list[Any]) -> str:
     return h.hexdigest()
 
 
-def fingerprint(tree: Any, *, on_device: bool | None = None) -> str:
+def fingerprint(tree: Any, *, on_device: bool | None = None, scheme: str | None = None) -> str:
     """A digest of every bit, shape and leaf of `tree` (equal trees, equal digests).
 
-    Two schemes, told apart by their prefix: "host:" hashes the bytes on the host (blake2b; no
-    compilation), "device:" reduces each array where it lives (a 64-bit sum of mixed words,
-    compiled once per tree structure; needed where a process does not hold every shard).
-    `on_device=None` picks "host" when this process can see every array whole. It is a
-    checksum against corruption, not a defence against tampering.
+    Schemes, told apart by their prefix: "host:" hashes the bytes on the host (blake2b; no
+    compilation), "device2:" reduces each array where it lives (a 64-bit sum of mixed 32-bit
+    words, narrow values packed four or two to a word; compiled once per tree structure;
+    needed where a process does not hold every shard), and "device:", the same with one value
+    per word, which checkpoints made before "device2:" carry. `scheme` (a prefix) picks one;
+    else `on_device` does, and `on_device=None` picks "host" when this process can see every
+    array whole. It is a checksum against corruption, not a defence against tampering.
     """
     leaves = jax.tree.leaves(tree)
-    if on_device is None:
-        on_device = not all(getattr(x, "is_fully_addressable", True) for x in leaves)
-    if not on_device:
+    if scheme is None:
+        if on_device is None:
+            on_device = not all(getattr(x, "is_fully_addressable", True) for x in leaves)
+        scheme = _DEVICE if on_device else "host:"
+    if scheme == "host:":
         return "host:" + _host_digest(leaves)
+    if scheme not in ("device:", "device2:"):
+        raise ValueError(f"unknown fingerprint scheme {scheme!r}")
     leaves = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in leaves]
     if not leaves:
-        return "device:" + "0" * 16
-    return _digest_hex(_digest(leaves))
+        return scheme + "0" * 16
+    return _digest_hex(_digest(leaves, scheme == "device2:"), scheme)
+
+
+def _scheme(recorded: str) -> str:
+    return recorded.split(":", 1)[0] + ":"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +174,7 @@ class Snapshot:
     `snapshot`). Neither may be ready yet; `Checkpointer.save` accepts it in place of a state."""
 
     state: Any  # the copy: jax.Arrays copied on their devices, other leaves copied on the host
-    digest: jax.Array  # [2] uint32, the "device:" fingerprint's words
+    digest: jax.Array  # [2] uint32, the "device2:" fingerprint's words
 
     def fingerprint(self) -> str:
         """The state's fingerprint (waits until it is computed)."""
@@ -164,7 +182,7 @@ class Snapshot:
 
 
 def snapshot(state: Any) -> Snapshot:
-    """Dispatches a copy of `state` and its "device:" fingerprint; returns without waiting.
+    """Dispatches a copy of `state` and its "device2:" fingerprint; returns without waiting.
 
     The copy is ordered after the computations already dispatched that write `state`, and
     before any later one that donates it, so the caller may go on and donate `state` at once.
@@ -174,7 +192,7 @@ def snapshot(state: Any) -> Snapshot:
     leaves, treedef = jax.tree.flatten(state)
     is_array = tuple(isinstance(x, jax.Array) for x in leaves)
     if not leaves:
-        return Snapshot(state=state, digest=jnp.zeros((2,), jnp.uint32))
+        return Snapshot(state=state, digest=jnp.zeros((2,), jnp.uint32))  # as `fingerprint`
     on_device = [x if a else jnp.asarray(x) for x, a in zip(leaves, is_array)]
     copies, digest = _copy_and_digest(on_device, is_array)
     copies = iter(copies)
@@ -322,7 +340,10 @@ class Checkpointer:
         meta, state = restored[_META], restored[_STATE]
         if not isinstance(meta, dict) or "fingerprint" not in meta:
             raise CorruptCheckpointError(f"step {step}: metadata missing or unreadable")
-        actual = fingerprint(state, on_device=str(meta["fingerprint"]).startswith("device:"))
+        recorded = str(meta["fingerprint"])
+        scheme = _scheme(recorded)
+        actual = (fingerprint(state, scheme=scheme)
+                  if scheme in ("host:", "device:", "device2:") else "unknown scheme")
         if actual != meta["fingerprint"]:
             raise CorruptCheckpointError(
                 f"step {step}: state fingerprint {actual} != saved {meta['fingerprint']}"

@@ -144,29 +144,66 @@ def test_partial_save_left_by_a_killed_process_is_ignored(tmp_path, mesh):
     assert read_metadata(directory)["updates"] == 1
 
 
-@pytest.mark.parametrize("on_device", [False, True])
-def test_fingerprint_sees_every_bit_and_position(on_device):
+@pytest.mark.parametrize("scheme", ["host:", "device:", "device2:"])
+def test_fingerprint_sees_every_bit_and_position(scheme):
     def digest(tree):
-        return fingerprint(tree, on_device=on_device)
+        return fingerprint(tree, scheme=scheme)
 
+    # Narrow leaves whose sizes "device2:" packs into words (8 bytes, 4 bools, 2 halves) and
+    # ones it cannot (3 halves).
     tree = {"a": jnp.arange(6, dtype=jnp.float32), "b": jnp.array([1, 2], jnp.int32),
-            "c": jnp.array([True, False]), "h": jnp.ones((3,), jnp.bfloat16)}
+            "c": jnp.array([True, False, False, True]), "h": jnp.ones((3,), jnp.bfloat16),
+            "u": jnp.arange(8, dtype=jnp.uint8), "s": jnp.array([5, -6], jnp.int16)}
     assert digest(tree) == digest(jax.tree.map(lambda x: x.copy(), tree))
-    assert digest(tree).startswith("device:" if on_device else "host:")
+    assert digest(tree).startswith(scheme)
     a = np.asarray(tree["a"]).copy()
     a.view(np.uint32)[3] ^= 1  # the lowest mantissa bit of one element
     assert digest({**tree, "a": jnp.asarray(a)}) != digest(tree)
     swapped = np.asarray(tree["a"])[[1, 0, 2, 3, 4, 5]]
     assert digest({**tree, "a": jnp.asarray(swapped)}) != digest(tree)
+    for name in ("u", "c", "s"):  # one flipped bit, and two values swapped inside a word
+        flipped = np.asarray(tree[name]).copy()
+        flipped.view(np.uint8)[1] ^= 0x10 if name != "c" else 1
+        assert digest({**tree, name: jnp.asarray(flipped)}) != digest(tree), name
+        swapped = np.asarray(tree[name])[[1, 0, *range(2, tree[name].size)]]
+        assert digest({**tree, name: jnp.asarray(swapped)}) != digest(tree), name
     # Same bits in another shape or another leaf order are another state.
     assert digest({**tree, "a": tree["a"].reshape(2, 3)}) != digest(tree)
+    assert digest({**tree, "u": tree["u"].reshape(2, 4)}) != digest(tree)
     assert digest([tree["a"], tree["b"]]) != digest([tree["b"], tree["a"]])
+
+
+def test_the_first_device_scheme_is_unchanged():
+    # Checkpoints saved before "device2:" carry "device:" fingerprints, which must still
+    # verify. The value below was computed with the implementation of commit b336663.
+    tree = {"a": jnp.arange(6, dtype=jnp.float32), "b": jnp.array([1, 2], jnp.int32),
+            "c": jnp.array([True, False]), "h": jnp.ones((3,), jnp.bfloat16),
+            "u": jnp.arange(7, dtype=jnp.uint8), "s": jnp.arange(3, dtype=jnp.int16),
+            "k": jax.random.PRNGKey(3)}
+    assert fingerprint(tree, scheme="device:") == "device:51193f596ea4cb58"
+
+
+def test_a_checkpoint_with_a_first_scheme_fingerprint_verifies(tmp_path, mesh):
+    directory = str(tmp_path / "ckpt")
+    with Checkpointer(directory) as checkpointer:
+        checkpointer.save(1, _state(mesh), {"updates": 1})
+    path = os.path.join(directory, "1", "meta", "metadata")
+    with open(path) as f:
+        meta = json.load(f)
+    meta["fingerprint"] = fingerprint(jax.device_get(_state(mesh)), scheme="device:")
+    with open(path, "w") as f:
+        json.dump(meta, f)
+    with Checkpointer(directory) as checkpointer:
+        restored = checkpointer.restore(1, _state(mesh, offset=3.0))
+    _assert_identical(restored.state, _state(mesh))
 
 
 def test_device_fingerprint_does_not_depend_on_sharding(mesh):
     state = _state(mesh)
     on_one_device = jax.device_put(jax.device_get(state), jax.devices()[0])
-    assert fingerprint(state, on_device=True) == fingerprint(on_one_device, on_device=True)
+    for scheme in ("device:", "device2:"):
+        assert (fingerprint(state, scheme=scheme)
+                == fingerprint(on_one_device, scheme=scheme))
 
 
 def test_sigterm_becomes_a_flag_while_entered():
@@ -242,7 +279,7 @@ def test_asynchronous_save_does_not_wait_for_the_state(tmp_path):
     # The save returned while the state it saves was still being computed.
     assert returned_before == [True], (save_seconds, compute_seconds)
     np.testing.assert_array_equal(np.asarray(restored.state["x"]), np.asarray(y))
-    assert restored.metadata["fingerprint"].startswith("device:")
+    assert restored.metadata["fingerprint"].startswith("device2:")
 
 
 def test_a_failed_asynchronous_save_is_raised_by_the_next_call(tmp_path, mesh, monkeypatch):
