@@ -498,18 +498,20 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                 if pending.chunk + 1 < num_chunks:
                     state, following = dispatch(pending.chunk + 1, state)
                 wall_time = finish(pending)
-                stop = preemption.requested()
                 if pending.snapshot is not None:
                     checkpoint_seconds += save(pending.snapshot, pending.chunk + 1, wall_time)
                     saved_chunks = pending.chunk + 1
-                if stop:
+                # Polled after the save: in a multi-process run the poll is a collective, which
+                # waits for the chunk in flight; the save's hand-off overlaps that chunk.
+                if preemption.requested():
                     if following is not None:
                         # The chunk in flight is finished, logged and saved: the run stops
                         # one chunk after the one during which the signal came.
                         wall_time = finish(following)
-                        taken = following.snapshot or snapshot(state)
-                        checkpoint_seconds += save(taken, following.chunk + 1, wall_time)
-                        saved_chunks = following.chunk + 1
+                        if checkpointer is not None:
+                            taken = following.snapshot or snapshot(state)
+                            checkpoint_seconds += save(taken, following.chunk + 1, wall_time)
+                            saved_chunks = following.chunk + 1
                     if checkpointer is not None:
                         started = time.perf_counter()
                         checkpointer.wait()  # on disk before the process may exit

@@ -37,15 +37,20 @@ _ENVS_PER_DEVICE = flags.DEFINE_integer("envs_per_device", 256, "Environments pe
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed chunks per measurement (best is kept).")
 
 
-def _best_time(fn, state, repeats):
-    state, out = fn(state)  # warm-up
-    jax.block_until_ready(out)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        state, out = fn(state)
+def _best_times(programs: dict, repeats: int) -> dict:
+    """Best seconds per call of each `name: (fn, state)`, the programs timed in turn (one call
+    of each per repeat), so that load from outside falls on all of them alike."""
+    states, best = {}, {}
+    for name, (fn, state) in programs.items():  # warm-up
+        states[name], out = fn(state)
         jax.block_until_ready(out)
-        best = min(best, time.perf_counter() - start)
+        best[name] = float("inf")
+    for _ in range(repeats):
+        for name, (fn, _) in programs.items():
+            start = time.perf_counter()
+            states[name], out = fn(states[name])
+            jax.block_until_ready(out)
+            best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
@@ -85,7 +90,7 @@ def main(argv):
     keys = replication.from_global(jax.random.split(jax.random.PRNGKey(0), num_devices), mesh)
     env_state = replication.replicate(env_init, mesh)(keys)
     env_fn = replication.replicate(env_chunk, mesh, donate_argnums=0)
-    env_seconds = _best_time(env_fn, env_state, _REPEATS.value)
+    env_seconds = _best_times({"env": (env_fn, env_state)}, _REPEATS.value)["env"]
 
     # ANAKIN: the same chunk the runner compiles.
     import agents  # kept next to its only use
@@ -94,15 +99,16 @@ def main(argv):
     env_keys = replication.from_global(jax.random.split(jax.random.PRNGKey(1), num_devices), mesh)
     params_keys = replication.from_global(
         jnp.broadcast_to(jax.random.PRNGKey(2), (num_devices, 2)), mesh)
-    seconds = {}
-    # Without the means only where there is something to average over.
+    programs = {}
+    # Without the means only where there is something to average over; timed in turn with
+    # the chunk that has them.
     for axis_name in (DEVICE_AXIS, None) if num_devices > 1 else (DEVICE_AXIS,):
         init, chunk = anakin.make_programs(
             agent, env, envs_per_device=n, rollout_length=config.rollout_length,
             updates_per_chunk=config.updates_per_chunk, axis_name=axis_name)
         state = replication.replicate(init, mesh)(env_keys, params_keys)
-        chunk_fn = replication.replicate(chunk, mesh, donate_argnums=0)
-        seconds[axis_name] = _best_time(chunk_fn, state, _REPEATS.value)
+        programs[axis_name] = (replication.replicate(chunk, mesh, donate_argnums=0), state)
+    seconds = _best_times(programs, _REPEATS.value)
 
     if jax.process_index() != 0:
         return

@@ -45,6 +45,8 @@ _FIG4B_ARGS = flags.DEFINE_string(
     "fig4b_args", "--config.agent.torso=conv --sweep_torso=conv --seconds=6 "
     "--learner_updates=2 --e2e_updates=5", "Extra arguments for benchmark_sebulba.")
 _TIMEOUT_S = flags.DEFINE_float("timeout_s", 900.0, "Longest one point may take.")
+_MERGE = flags.DEFINE_bool("merge", False, "Keep the parts not measured now from an existing "
+                           "results.json in --out (and plot them all).")
 
 
 def _env(devices: int | None) -> dict[str, str]:
@@ -220,6 +222,15 @@ def main(argv):
                      os.getloadavg()[0]}
     parts = set(_PARTS.value)
     path = os.path.join(_OUT.value, "results.json")
+    if _MERGE.value and os.path.exists(path):
+        # Keep the other parts' figures from an earlier run; replace the ones measured now.
+        with open(path) as f:
+            earlier = json.load(f)
+        measured = {"anakin": ("anakin_devices", "anakin_processes"),
+                    "sebulba": ("sebulba_devices", "sebulba_processes"), "fig4b": ("fig4b",)}
+        drop = {key for part in parts for key in measured.get(part, ())}
+        results = {**{k: v for k, v in earlier.items() if k not in drop and k != "failed"},
+                   **results, "earlier_started_load": earlier.get("started_load")}
 
     def measure(name: str, what: str, fn, arg) -> None:
         # One failed point is reported and skipped; the rest still run and are kept.

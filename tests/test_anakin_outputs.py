@@ -191,3 +191,27 @@ def test_the_next_chunk_is_dispatched_before_a_chunks_metrics_are_logged(run):
     params = replication.unreplicate(programs.agent.actor_params(result.state.learner_state))
     expected = jax.device_get(jax.jit(evaluator)(params, key))
     assert result.history[-1]["eval_return"] == pytest.approx(float(expected["eval_return"]))
+
+
+@pytest.mark.parametrize("with_workdir", [True, False])
+def test_sigterm_stops_after_the_chunk_in_flight_logged_and_checkpointed(run, tmp_path,
+                                                                         with_workdir):
+    import signal
+
+    from conftest import checkpoint_steps
+
+    config, _, _ = run
+    config = config.copy_and_resolve_references()
+    config.total_env_steps = 16 * 10 * 5 * 6  # 6 chunks
+    config.checkpoint_every_updates = 0  # only the one SIGTERM asks for
+
+    def log(record):
+        if record["updates"] == 10:  # seen while chunk 3 (updates 11-15) is in flight
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    workdir = str(tmp_path / "run") if with_workdir else None
+    result = anakin.train(config, workdir, log_fn=log)
+    assert result.interrupted
+    assert [r["updates"] for r in result.history] == [5, 10, 15]
+    if with_workdir:
+        assert checkpoint_steps(workdir) == [15]
