@@ -18,7 +18,9 @@ the runners' own overheads (replication, collectives, threads) cost, not how the
 on accelerators. Plots use matplotlib (a dependency); without it, tables only.
 
     python -m experiments.benchmark_scaling --out=docs/scaling [--devices=1,2,4,8]
-        [--processes=1,2] [--batch_sizes=8,16,32] [--parts=anakin,sebulba,fig4b]
+        [--processes=1,2] [--batch_sizes=8,16,32] [--parts=anakin,sebulba,fig4b] [--merge]
+
+`--merge --parts=` measures nothing and redraws the tables and plots from results.json.
 """
 
 from __future__ import annotations
@@ -176,7 +178,7 @@ def _plot(results: dict, out: str) -> list[str]:
         if results.get(f"anakin_{axis}"):
             rows = results[f"anakin_{axis}"]
             curves.append(("Anakin", rows, "anakin_sps", "o-"))
-            if axis == "devices" and any("no_mean_sps" in r for r in rows):
+            if any("no_mean_sps" in r for r in rows):
                 curves.append(("Anakin without cross-device means",
                                [r for r in rows if "no_mean_sps" in r], "no_mean_sps", "o--"))
         if results.get(f"sebulba_{axis}"):
@@ -267,7 +269,8 @@ def main(argv):
             ["devices", "ceiling_sps", "anakin_sps", "no_mean_sps", "load"]))
     if results.get("anakin_processes"):
         print("\nAnakin against processes\n" + _table(
-            results["anakin_processes"], ["processes", "devices", "anakin_sps", "load"]))
+            results["anakin_processes"],
+            ["processes", "devices", "ceiling_sps", "anakin_sps", "no_mean_sps", "load"]))
     if results.get("sebulba_devices"):
         print("\nSebulba against devices\n" + _table(
             results["sebulba_devices"],
