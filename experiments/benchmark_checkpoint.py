@@ -9,6 +9,8 @@ parameter tree, on one device. Two ways to save it asynchronously, timed alterna
   device       `Checkpointer(asynchronous=True).save`: a copy and the fingerprint dispatched on
                the device; a writer thread does the rest
 For each: the seconds the caller was held ("blocked") and the seconds until the step is on disk.
+Then the device fingerprint alone in its two schemes ("device:" one value per 32-bit word,
+"device2:" narrow values packed into words).
 For a fair "blocked" figure the state is being computed when save is called: a jitted update
 of the whole buffer is dispatched just before, as a training step would be.
 
@@ -87,6 +89,16 @@ def main(argv):
             print(f"round {r} (load {os.getloadavg()[0]:.1f}): " + ", ".join(
                 f"{n}: blocked {v[-1][0]:.3f}s, on disk {v[-1][1]:.3f}s"
                 for n, v in results.items()), flush=True)
+    # The fingerprint alone, per scheme (one value per word, and four uint8 packed per word).
+    for scheme in ("device:", "device2:"):
+        fingerprint(state, scheme=scheme)  # compiled
+        best = float("inf")
+        for _ in range(_ROUNDS.value):
+            start = time.perf_counter()
+            fingerprint(state, scheme=scheme)
+            best = min(best, time.perf_counter() - start)
+        print(f"fingerprint {scheme} of the state alone: best {best:.3f}s "
+              f"(load {os.getloadavg()[0]:.1f})", flush=True)
     print("\n| save | caller blocked (median s) | until on disk (median s) |\n|---|---:|---:|")
     for name, values in results.items():
         print(f"| {name} | {np.median([v[0] for v in values]):.3f} | "
