@@ -6,9 +6,26 @@ The compiled core (the rollout, the `init` and `chunk` programs, greedy evaluati
 loop around it.
 
 The per-device program is replicated over every device (of every process) by
-`podracer.replication.replicate`. A thin host loop calls the compiled chunk repeatedly and,
-between calls, logs (metrics.jsonl, TensorBoard, progress), evaluates the greedy policy on
-separate environments, and checkpoints; compile time is measured separately from run time.
+`podracer.replication.replicate`. A thin host loop calls the compiled chunk repeatedly, logs
+(metrics.jsonl, TensorBoard, progress), evaluates the greedy policy on separate environments,
+and checkpoints; compile time is measured separately from run time.
+
+The host loop is pipelined, one chunk deep, so that the devices never wait for the host:
+
+    dispatch chunk 0 (+ its evaluation and checkpoint copy, if due)
+    for k = 0, 1, ...:
+        dispatch chunk k + 1 (+ its evaluation and checkpoint copy, if due)
+        fetch chunk k's metrics (and evaluation) -> log; raise if not finite
+        hand chunk k's checkpoint copy to the (asynchronous) checkpointer
+        on SIGTERM: finish chunk k + 1 the same way, checkpoint it, stop
+
+What is due on chunk k's result (its evaluation, a copy of its state for a checkpoint) is
+dispatched before chunk k + 1, which donates that state; an evaluation therefore delays
+training by its own compute only. The host sees chunk k's metrics while chunk k + 1 runs: a
+NaN in chunk k is reported (and chunk k + 1's work dropped) before chunk k reaches a
+checkpoint, exactly as without the pipeline, and a SIGTERM stops the run one chunk later than
+an unpipelined loop would (after the chunk in flight when the signal is seen), so the
+platform's grace period must cover two chunks.
 
 Sweeps: `config.sweep` lists R independent runs (seeds, and scalar agent hyperparameters that
 the agent keeps in its learner state). The per-device programs are then `vmap`ped over a run
@@ -30,6 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -46,7 +64,7 @@ from podracer import distributed, faults, replication
 from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
 from podracer.agent import Agent
-from podracer.checkpoint import Checkpointer, Preemption, state_layout
+from podracer.checkpoint import Checkpointer, Preemption, Snapshot, snapshot, state_layout
 
 
 @dataclasses.dataclass
@@ -70,6 +88,16 @@ class TrainResult:
     def params(self) -> Any:
         """The learner parameters of this process's first device."""
         return replication.unreplicate(self.state.learner_state.params)
+
+
+@dataclasses.dataclass
+class _InFlight:
+    """A dispatched chunk and what was dispatched on its result, none of it fetched yet."""
+
+    chunk: int  # 0-based index of the chunk
+    metrics: Any  # the chunk's metrics, on the devices
+    eval_out: Any | None  # its evaluation's results, on the device, when one was due
+    snapshot: Snapshot | None  # a copy of the state after it, when a checkpoint was due
 
 
 # Fields that may change between an interrupted run and its resumption (shared with Sebulba).
@@ -118,6 +146,13 @@ def _record(metrics: dict[str, Any], *, chunk: int, steps_per_chunk: int,
     }
 
 
+def _first_slice_on_host(x: jax.Array) -> np.ndarray:
+    """This process's first device's slice of a stacked array, copied to the host without
+    dispatching any computation: a computation (even a slice) dispatched now would run only
+    after the chunk in flight, which the pipelined loop must not wait for."""
+    return np.asarray(x.addressable_shards[0].data)[0]
+
+
 def _mean_record(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The runs' records averaged (counters kept; the sweep's throughput summed)."""
     mean = dict(records[0])
@@ -155,12 +190,15 @@ class _Programs:
     chunk_fn: Callable | None = None  # compiled for the state `init_fn` returns
     evaluators: dict[tuple[int, int], Callable] = dataclasses.field(default_factory=dict)
 
-    def evaluator(self, num_episodes: int, max_steps: int) -> Callable:
+    def evaluator(self, num_episodes: int, max_steps: int, params: Any, keys: Any) -> Callable:
+        """The evaluator, compiled ahead for arguments like `params` and `keys` (compiling
+        at the first call would hold the host loop while the devices run dry)."""
         key = (num_episodes, max_steps)
         if key not in self.evaluators:
             fn = make_evaluator(self.agent, self.env, num_episodes=num_episodes,
                                 max_steps=max_steps)
-            self.evaluators[key] = jax.jit(jax.vmap(fn) if self.sweep else fn)
+            jitted = jax.jit(jax.vmap(fn) if self.sweep else fn)
+            self.evaluators[key] = jitted.lower(params, keys).compile()
         return self.evaluators[key]
 
 
@@ -242,8 +280,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     a sweep), config.json/config.yaml, and checkpoints in `<workdir>/checkpoints`, from which
     a later call with the same workdir resumes (see `podracer.workdir`: a workdir holding a
     checkpoint of a different run is refused before anything compiles, and left untouched).
-    SIGTERM stops the run after the chunk in flight, with a checkpoint saved, and returns a
-    result with `interrupted=True`. A NaN or inf loss or parameter raises
+    SIGTERM stops the run after the chunk in flight when it is seen (at most two chunks),
+    with a checkpoint saved, and returns a result with `interrupted=True`. A NaN or inf loss or parameter raises
     `podracer.faults.NonFiniteError` naming the update, before it could be checkpointed.
     `log_fn` gets every record (a sweep's carry their `run` index).
     """
@@ -286,6 +324,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     if programs.chunk_fn is None:
         programs.chunk_fn = programs.chunk.lower(state).compile()
     chunk_fn = programs.chunk_fn
+    if checkpoint_dir is not None:
+        # The checkpoints' copy-and-fingerprint program, compiled here, not at the first save.
+        jax.block_until_ready(snapshot(state).digest)
+    if option(config, "eval_every_updates") > 0:
+        # And the evaluator, not at the first evaluation (arguments shaped as it will get).
+        params = replication.unreplicate(agent.actor_params(state.learner_state))
+        keys = np.zeros((num_runs, 2) if sweep else (2,), np.uint32)
+        programs.evaluator(option(config, "eval_episodes"), option(config, "eval_max_steps"),
+                           params, keys)
     compile_seconds = time.perf_counter() - start
 
     steps_per_chunk = config.updates_per_chunk * config.rollout_length * config.num_envs
@@ -343,21 +390,31 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     eval_every = option(config, "eval_every_updates")
     checkpoint_every = option(config, "checkpoint_every_updates")
 
-    def evaluate(state: RunnerState, updates: int) -> list[dict[str, float]]:
-        evaluator = programs.evaluator(option(config, "eval_episodes"),
-                                       option(config, "eval_max_steps"))
-        keys = np.stack([
-            np.asarray(jax.random.fold_in(
-                jax.random.fold_in(jax.random.PRNGKey(r.seed), _EVAL_STREAM), updates))
+    def eval_args(state: RunnerState, updates: int) -> tuple[Any, Any]:
+        # Computed on the devices, so that nothing here waits for the chunk whose parameters
+        # are evaluated.
+        keys = jnp.stack([
+            jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(r.seed), _EVAL_STREAM),
+                               updates)
             for r in runs])
         params = replication.unreplicate(agent.actor_params(state.learner_state))
-        out = jax.device_get(evaluator(params, keys if sweep else keys[0]))
+        return params, keys if sweep else keys[0]
+
+    def dispatch_eval(state: RunnerState, updates: int) -> Any:
+        """Dispatches the evaluation of `state`'s parameters; fetched later (`fetch_eval`)."""
+        args = eval_args(state, updates)
+        evaluator = programs.evaluator(option(config, "eval_episodes"),
+                                       option(config, "eval_max_steps"), *args)
+        return evaluator(*args)
+
+    def fetch_eval(out: Any) -> list[dict[str, float]]:
+        out = jax.device_get(out)
         return [{k: float(np.asarray(v)[i] if sweep else v) for k, v in out.items()}
                 for i in range(num_runs)]
 
-    def save(state: RunnerState, chunks: int, wall_time: float) -> float:
+    def save(taken: Snapshot, chunks: int, wall_time: float) -> float:
         started = time.perf_counter()
-        checkpointer.save(chunks * config.updates_per_chunk, state, {
+        checkpointer.save(chunks * config.updates_per_chunk, taken, {
             "chunks": chunks,
             "updates": chunks * config.updates_per_chunk,
             "env_steps": chunks * steps_per_chunk,
@@ -370,59 +427,98 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         })
         return time.perf_counter() - started
 
+    def dispatch(i: int, state: RunnerState) -> tuple[RunnerState, _InFlight]:
+        """Dispatches chunk i, and what is due on its result before chunk i + 1 donates it:
+        the evaluation and a copy for the checkpoint (none of it waited for here)."""
+        state, metrics = chunk_fn(state)
+        updates = (i + 1) * config.updates_per_chunk
+        eval_out = snap = None
+        if _crossed(updates, config.updates_per_chunk, eval_every):
+            eval_out = dispatch_eval(state, updates)
+        if checkpointer is not None and (
+                i + 1 == num_chunks or _crossed(updates, config.updates_per_chunk,
+                                                checkpoint_every)):
+            snap = snapshot(state)
+        return state, _InFlight(chunk=i, metrics=metrics, eval_out=eval_out, snapshot=snap)
+
     interrupted = False
     checkpoint_seconds = eval_seconds = 0.0
     saved_chunks = done_chunks if resumed_from is not None else None
     run_start = time.perf_counter()
+    last_fetch = run_start
+
+    def finish(job: _InFlight) -> float:
+        """Fetches chunk `job.chunk`'s metrics (waiting for it, not for the chunk after it),
+        logs them with its evaluation, and raises if it was not finite; returns the wall time
+        to record."""
+        nonlocal last_fetch, eval_seconds
+        i = job.chunk
+        metrics = jax.tree.map(_first_slice_on_host, job.metrics)
+        first_bad = np.atleast_1d(metrics.pop(FIRST_NONFINITE))
+        now = time.perf_counter()
+        wall_time = now - run_start + compile_seconds + wall_offset
+        records_now = [
+            _record(jax.tree.map(lambda x, r=r: x[r] if sweep else x, metrics),
+                    chunk=i, steps_per_chunk=steps_per_chunk,
+                    updates_per_chunk=config.updates_per_chunk,
+                    seconds=now - last_fetch, wall_time=wall_time)
+            for r in range(num_runs)
+        ]
+        last_fetch = now
+        healthy = bool(np.all(first_bad >= config.updates_per_chunk))
+        if healthy and job.eval_out is not None:
+            eval_start = time.perf_counter()
+            for record, result in zip(records_now, fetch_eval(job.eval_out)):
+                record.update(result)
+            eval_seconds += time.perf_counter() - eval_start
+        for r, record in enumerate(records_now):
+            record = records.write(r, record)
+            if log_fn is not None:
+                log_fn({**record, "run": r} if sweep else record)
+        if progress is not None:
+            progress.update(_mean_record(records_now))
+        if not healthy:
+            bad_run = int(np.argmin(first_bad))
+            where = f"run {bad_run} of the sweep" if sweep else f"seed {config.seed}"
+            raise faults.NonFiniteError(faults.nonfinite_message(
+                i * config.updates_per_chunk + int(first_bad[bad_run]) + 1, where,
+                None if checkpointer is None else checkpointer.directory))
+        return wall_time
+
     try:
         with Preemption() as preemption:
-            for i in range(done_chunks, num_chunks):
-                chunk_start = time.perf_counter()
-                state, metrics = chunk_fn(state)
-                metrics = jax.device_get(replication.unreplicate(metrics))
-                first_bad = np.atleast_1d(metrics.pop(FIRST_NONFINITE))
-                now = time.perf_counter()
-                wall_time = now - run_start + compile_seconds + wall_offset
-                records_now = [
-                    _record(jax.tree.map(lambda x, r=r: x[r] if sweep else x, metrics),
-                            chunk=i, steps_per_chunk=steps_per_chunk,
-                            updates_per_chunk=config.updates_per_chunk,
-                            seconds=now - chunk_start, wall_time=wall_time)
-                    for r in range(num_runs)
-                ]
-                updates = (i + 1) * config.updates_per_chunk
-                healthy = bool(np.all(first_bad >= config.updates_per_chunk))
-                if healthy and _crossed(updates, config.updates_per_chunk, eval_every):
-                    eval_start = time.perf_counter()
-                    for record, result in zip(records_now, evaluate(state, updates)):
-                        record.update(result)
-                    eval_seconds += time.perf_counter() - eval_start
-                for r, record in enumerate(records_now):
-                    record = records.write(r, record)
-                    if log_fn is not None:
-                        log_fn({**record, "run": r} if sweep else record)
-                if progress is not None:
-                    progress.update(_mean_record(records_now))
-                if not healthy:
-                    bad_run = int(np.argmin(first_bad))
-                    where = f"run {bad_run} of the sweep" if sweep else f"seed {config.seed}"
-                    raise faults.NonFiniteError(faults.nonfinite_message(
-                        i * config.updates_per_chunk + int(first_bad[bad_run]) + 1, where,
-                        None if checkpointer is None else checkpointer.directory))
-                stop = preemption.requested()
-                last = i + 1 == num_chunks
-                if checkpointer is not None and (
-                        stop or last or _crossed(updates, config.updates_per_chunk,
-                                                 checkpoint_every)):
-                    checkpoint_seconds += save(state, i + 1, wall_time)
-                    saved_chunks = i + 1
-                if stop:
+            # PIPELINE: chunk i + 1 is dispatched before chunk i's metrics are fetched, so the
+            # devices never wait for the host's logging, evaluation fetch or checkpoint
+            # hand-off. A checkpoint is written only after its chunk's metrics proved finite.
+            pending = None
+            if done_chunks < num_chunks:
+                state, pending = dispatch(done_chunks, state)
+            while pending is not None:
+                following = None
+                if pending.chunk + 1 < num_chunks:
+                    state, following = dispatch(pending.chunk + 1, state)
+                wall_time = finish(pending)
+                if pending.snapshot is not None:
+                    checkpoint_seconds += save(pending.snapshot, pending.chunk + 1, wall_time)
+                    saved_chunks = pending.chunk + 1
+                # Polled after the save: in a multi-process run the poll is a collective, which
+                # waits for the chunk in flight; the save's hand-off overlaps that chunk.
+                if preemption.requested():
+                    if following is not None:
+                        # The chunk in flight is finished, logged and saved: the run stops
+                        # one chunk after the one during which the signal came.
+                        wall_time = finish(following)
+                        if checkpointer is not None:
+                            taken = following.snapshot or snapshot(state)
+                            checkpoint_seconds += save(taken, following.chunk + 1, wall_time)
+                            saved_chunks = following.chunk + 1
                     if checkpointer is not None:
                         started = time.perf_counter()
                         checkpointer.wait()  # on disk before the process may exit
                         checkpoint_seconds += time.perf_counter() - started
                     interrupted = True
                     break
+                pending = following
     finally:
         records.close()
         if progress is not None:

@@ -1,14 +1,21 @@
 """Benchmark: Anakin V-trace environment steps per second next to its ceiling.
 
 The ceiling is the same wrapped environment stepped with uniformly random actions in the same
-vmapped, scanned, replicated program, with no agent. Both are measured in this run, after
-compilation, as the best of `--repeats` timed chunks.
+vmapped, scanned, replicated program, with no agent. With more than one device the same chunk
+is also timed without its cross-device means (each device learns alone: `axis_name=None`),
+which prices the gradient and metric `pmean`s. All are measured in this run, after
+compilation, as the best of `--repeats` timed chunks; the last line is a JSON record of them
+(`experiments.benchmark_scaling` reads it).
 
     python -m experiments.benchmark_anakin [--config.env.name=catch] [--repeats=5]
+
+Under `experiments.launch` (`--module=experiments.benchmark_anakin`) the processes join one
+`jax.distributed` run and the program spans the devices of all of them; process 0 prints.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -20,7 +27,8 @@ from ml_collections import config_flags
 
 import anakin
 import envs_jax
-from podracer import replication
+from podracer import distributed, replication
+from podracer.types import DEVICE_AXIS
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "configs", "vtrace_catch.py"),
@@ -29,20 +37,26 @@ _ENVS_PER_DEVICE = flags.DEFINE_integer("envs_per_device", 256, "Environments pe
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed chunks per measurement (best is kept).")
 
 
-def _best_time(fn, state, repeats):
-    state, out = fn(state)  # warm-up
-    jax.block_until_ready(out)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        state, out = fn(state)
+def _best_times(programs: dict, repeats: int) -> dict:
+    """Best seconds per call of each `name: (fn, state)`, the programs timed in turn (one call
+    of each per repeat), so that load from outside falls on all of them alike."""
+    states, best = {}, {}
+    for name, (fn, state) in programs.items():  # warm-up
+        states[name], out = fn(state)
         jax.block_until_ready(out)
-        best = min(best, time.perf_counter() - start)
+        best[name] = float("inf")
+    for _ in range(repeats):
+        for name, (fn, _) in programs.items():
+            start = time.perf_counter()
+            states[name], out = fn(states[name])
+            jax.block_until_ready(out)
+            best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
 def main(argv):
     del argv
+    distributed.initialize_from_env()
     config = _CONFIG.value
     num_devices = anakin.validate(config, jax.device_count())
     config.num_envs = _ENVS_PER_DEVICE.value * num_devices
@@ -55,7 +69,7 @@ def main(argv):
 
     # CEILING: the environment alone, random actions, same scan structure.
     def env_init(key):
-        state, timestep = jax.vmap(env.reset)(jax.random.split(key, n))
+        state, _ = jax.vmap(env.reset)(jax.random.split(key, n))
         return state, key
 
     def env_chunk(carry):
@@ -76,33 +90,50 @@ def main(argv):
     keys = replication.from_global(jax.random.split(jax.random.PRNGKey(0), num_devices), mesh)
     env_state = replication.replicate(env_init, mesh)(keys)
     env_fn = replication.replicate(env_chunk, mesh, donate_argnums=0)
-    env_seconds = _best_time(env_fn, env_state, _REPEATS.value)
+    env_seconds = _best_times({"env": (env_fn, env_state)}, _REPEATS.value)["env"]
 
     # ANAKIN: the same chunk the runner compiles.
-    import agents  # noqa: PLC0415  (kept next to its only use)
+    import agents  # kept next to its only use
 
     agent = agents.make(config.agent, env.spec())
-    init, chunk = anakin.make_programs(
-        agent, env, envs_per_device=n, rollout_length=config.rollout_length,
-        updates_per_chunk=config.updates_per_chunk)
     env_keys = replication.from_global(jax.random.split(jax.random.PRNGKey(1), num_devices), mesh)
     params_keys = replication.from_global(
         jnp.broadcast_to(jax.random.PRNGKey(2), (num_devices, 2)), mesh)
-    state = replication.replicate(init, mesh)(env_keys, params_keys)
-    chunk_fn = replication.replicate(chunk, mesh, donate_argnums=0)
-    anakin_seconds = _best_time(chunk_fn, state, _REPEATS.value)
+    programs = {}
+    # Without the means only where there is something to average over; timed in turn with
+    # the chunk that has them.
+    for axis_name in (DEVICE_AXIS, None) if num_devices > 1 else (DEVICE_AXIS,):
+        init, chunk = anakin.make_programs(
+            agent, env, envs_per_device=n, rollout_length=config.rollout_length,
+            updates_per_chunk=config.updates_per_chunk, axis_name=axis_name)
+        state = replication.replicate(init, mesh)(env_keys, params_keys)
+        programs[axis_name] = (replication.replicate(chunk, mesh, donate_argnums=0), state)
+    seconds = _best_times(programs, _REPEATS.value)
 
+    if jax.process_index() != 0:
+        return
     device = jax.devices()[0]
+    load = os.getloadavg()[0]
     print(f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores; "
-          f"{num_devices} x {device.platform} ({device.device_kind}); jax {jax.__version__}")
+          f"{num_devices} x {device.platform} ({device.device_kind}) in "
+          f"{jax.process_count()} process(es); jax {jax.__version__}; load average {load:.1f}")
     print(f"workload: {config.agent.name} on {config.env.name}, {n} envs/device, "
           f"T={config.rollout_length}, {config.updates_per_chunk} updates/chunk, "
           f"torso={config.agent.torso} {tuple(config.agent.hidden_sizes)}")
     env_sps = steps_per_chunk / env_seconds
-    anakin_sps = steps_per_chunk / anakin_seconds
+    anakin_sps = steps_per_chunk / seconds[DEVICE_AXIS]
     print(f"ceiling (env only, random actions): {env_sps:>12,.0f} env steps/s")
     print(f"anakin (act + step + learn):        {anakin_sps:>12,.0f} env steps/s "
           f"({100 * anakin_sps / env_sps:.0f}% of ceiling)")
+    result = {"devices": num_devices, "processes": jax.process_count(),
+              "envs_per_device": n, "ceiling_sps": env_sps, "anakin_sps": anakin_sps,
+              "load": load}
+    if None in seconds:
+        alone_sps = steps_per_chunk / seconds[None]
+        print(f"anakin without cross-device means:  {alone_sps:>12,.0f} env steps/s (the "
+              f"means cost {100 * (1 - seconds[None] / seconds[DEVICE_AXIS]):.0f}% of a chunk)")
+        result["no_mean_sps"] = alone_sps
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

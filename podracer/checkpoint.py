@@ -3,6 +3,18 @@
 A checkpoint is one step directory `<directory>/<step>/` holding `state` (any pytree of arrays;
 global `jax.Array`s sharded over the devices of several processes included: every process
 writes its own shards) and `meta` (JSON: counters, the config, and a fingerprint of `state`).
+
+Saving never stops the caller to look at the state. `save` (or `snapshot`, ahead of it)
+dispatches one compiled program that copies the state where it lives and reduces every bit of
+it to a 64-bit fingerprint there; both are computed on the devices after the work already
+queued, and the caller goes on at once (it may donate or overwrite its arrays: the copy is the
+checkpoint's). With `asynchronous=True`, in a single process, a writer thread then waits for
+the copy, fetches the fingerprint (two words) and has orbax write the files; the caller only
+waits if it saves again before the previous save is on disk. In a multi-process run orbax's
+barriers are collectives that every process must enter in the same order as its training
+steps, so the writing is handed to orbax from the calling thread instead, at the `save` call:
+that waits for the copy to be computed and for orbax's copy to host memory, and orbax writes
+the files in the background.
 orbax writes a step into a temporary directory and renames it once complete, so a process
 killed mid-save leaves no half-written step under a step name; leftover temporary directories
 are removed when the next run opens the directory.
@@ -22,8 +34,10 @@ polls between compiled calls, so that it can save a checkpoint and exit cleanly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
+import queue
 import shutil
 import signal
 import threading
@@ -57,27 +71,33 @@ def _mix(h: jax.Array) -> jax.Array:
     return h ^ (h >> 16)
 
 
-def _as_uint32(x: jax.Array) -> jax.Array:
+def _as_uint32(x: jax.Array, packed: bool) -> jax.Array:
+    """The leaf's bits as 32-bit words: 8-byte values as pairs of words; narrower values one
+    per word ("device:", the first scheme) or, `packed`, 4 bytes or 2 halves to a word where
+    the size allows ("device2:": a uint8 replay buffer needs 4x fewer mixing steps)."""
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = jax.random.key_data(x)
     if x.dtype == jnp.bool_:
-        return x.astype(jnp.uint32).ravel()
+        x = x.astype(jnp.uint8)
     size = x.dtype.itemsize
-    if size >= 4:  # 8-byte values bitcast to a trailing pair of words
+    if size >= 4:
         return jax.lax.bitcast_convert_type(x, jnp.uint32).ravel()
     narrow = jnp.uint16 if size == 2 else jnp.uint8
-    return jax.lax.bitcast_convert_type(x, narrow).astype(jnp.uint32).ravel()
+    x = jax.lax.bitcast_convert_type(x, narrow).ravel()
+    per_word = 4 // size
+    if packed and x.size % per_word == 0 and x.size:
+        return jax.lax.bitcast_convert_type(x.reshape(-1, per_word), jnp.uint32)
+    return x.astype(jnp.uint32)
 
 
 _SEEDS = (0x9E3779B9, 0x7F4A7C15)  # two independent 32-bit lanes: a 64-bit digest
 
 
-@jax.jit
-def _digest(leaves: list[jax.Array]) -> jax.Array:
+def _digest_leaves(leaves: list[jax.Array], packed: bool = True) -> jax.Array:
     seeds = jnp.asarray(_SEEDS, jnp.uint32)
     total = jnp.zeros((len(_SEEDS),), jnp.uint32)
     for i, leaf in enumerate(leaves):
-        bits = _as_uint32(leaf)[:, None]
+        bits = _as_uint32(leaf, packed)[:, None]
         position = jnp.arange(bits.shape[0], dtype=jnp.uint32)[:, None]
         # Position-dependent mixing, so that moved or swapped values change the digest. The
         # wrapping uint32 sum is exact: the digest does not depend on how XLA orders the
@@ -88,6 +108,22 @@ def _digest(leaves: list[jax.Array]) -> jax.Array:
         layout = zlib.crc32(f"{i}:{leaf.shape}:{leaf.dtype}".encode())
         total = total + _mix(lanes ^ jnp.uint32(layout))
     return total
+
+
+_digest = jax.jit(_digest_leaves, static_argnums=1)
+_DEVICE = "device2:"  # the scheme new fingerprints use on the devices; "device:" still verifies
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _copy_and_digest(leaves: list[jax.Array], copy: tuple[bool, ...]) -> tuple[list, jax.Array]:
+    """Copies of the leaves marked in `copy` (new buffers, same shardings) and the digest of
+    all `leaves`, as one program: nothing leaves the devices but the result."""
+    return [jnp.copy(x) for x, c in zip(leaves, copy) if c], _digest_leaves(leaves)
+
+
+def _digest_hex(words: Any, scheme: str = _DEVICE) -> str:
+    words = np.asarray(words)
+    return f"{scheme}{int(words[0]):08x}{int(words[1]):08x}"
 
 
 def _host_digest(leaves: list[Any]) -> str:
@@ -102,25 +138,66 @@ def _host_digest(leaves: list[Any]) -> str:
     return h.hexdigest()
 
 
-def fingerprint(tree: Any, *, on_device: bool | None = None) -> str:
+def fingerprint(tree: Any, *, on_device: bool | None = None, scheme: str | None = None) -> str:
     """A digest of every bit, shape and leaf of `tree` (equal trees, equal digests).
 
-    Two schemes, told apart by their prefix: "host:" hashes the bytes on the host (blake2b; no
-    compilation), "device:" reduces each array where it lives (a 64-bit sum of mixed words,
-    compiled once per tree structure; needed where a process does not hold every shard).
-    `on_device=None` picks "host" when this process can see every array whole. It is a
-    checksum against corruption, not a defence against tampering.
+    Schemes, told apart by their prefix: "host:" hashes the bytes on the host (blake2b; no
+    compilation), "device2:" reduces each array where it lives (a 64-bit sum of mixed 32-bit
+    words, narrow values packed four or two to a word; compiled once per tree structure;
+    needed where a process does not hold every shard), and "device:", the same with one value
+    per word, which checkpoints made before "device2:" carry. `scheme` (a prefix) picks one;
+    else `on_device` does, and `on_device=None` picks "host" when this process can see every
+    array whole. It is a checksum against corruption, not a defence against tampering.
     """
     leaves = jax.tree.leaves(tree)
-    if on_device is None:
-        on_device = not all(getattr(x, "is_fully_addressable", True) for x in leaves)
-    if not on_device:
+    if scheme is None:
+        if on_device is None:
+            on_device = not all(getattr(x, "is_fully_addressable", True) for x in leaves)
+        scheme = _DEVICE if on_device else "host:"
+    if scheme == "host:":
         return "host:" + _host_digest(leaves)
+    if scheme not in ("device:", "device2:"):
+        raise ValueError(f"unknown fingerprint scheme {scheme!r}")
     leaves = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in leaves]
     if not leaves:
-        return "device:" + "0" * 16
-    words = np.asarray(_digest(leaves))
-    return f"device:{int(words[0]):08x}{int(words[1]):08x}"
+        return scheme + "0" * 16
+    return _digest_hex(_digest(leaves, scheme == "device2:"), scheme)
+
+
+def _scheme(recorded: str) -> str:
+    return recorded.split(":", 1)[0] + ":"
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A copy of a state taken where it lives, and its fingerprint being computed there (see
+    `snapshot`). Neither may be ready yet; `Checkpointer.save` accepts it in place of a state."""
+
+    state: Any  # the copy: jax.Arrays copied on their devices, other leaves copied on the host
+    digest: jax.Array  # [2] uint32, the "device2:" fingerprint's words
+
+    def fingerprint(self) -> str:
+        """The state's fingerprint (waits until it is computed)."""
+        return _digest_hex(self.digest)
+
+
+def snapshot(state: Any) -> Snapshot:
+    """Dispatches a copy of `state` and its "device2:" fingerprint; returns without waiting.
+
+    The copy is ordered after the computations already dispatched that write `state`, and
+    before any later one that donates it, so the caller may go on and donate `state` at once.
+    The fingerprint equals `fingerprint(state, on_device=True)`. Leaves that are not
+    `jax.Array`s (numpy arrays, scalars) are copied on the host.
+    """
+    leaves, treedef = jax.tree.flatten(state)
+    is_array = tuple(isinstance(x, jax.Array) for x in leaves)
+    if not leaves:
+        return Snapshot(state=state, digest=jnp.zeros((2,), jnp.uint32))  # as `fingerprint`
+    on_device = [x if a else jnp.asarray(x) for x, a in zip(leaves, is_array)]
+    copies, digest = _copy_and_digest(on_device, is_array)
+    copies = iter(copies)
+    leaves = [next(copies) if a else np.array(x, copy=True) for x, a in zip(leaves, is_array)]
+    return Snapshot(state=jax.tree.unflatten(treedef, leaves), digest=digest)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,9 +234,12 @@ def _abstract(target: Any) -> Any:
 class Checkpointer:
     """Saves and restores `(state, metadata)` by step in `directory`, keeping the newest few.
 
-    With `asynchronous=True`, `save` returns once the arrays are copied to host memory (so the
-    caller may donate or overwrite them) and the files are written in the background; the next
-    `save`, `wait` and `close` wait for it. Either way a step appears on disk only complete.
+    `save` dispatches a copy of the state and its fingerprint on the devices (see `snapshot`)
+    and never hashes or inspects the state on the host. With `asynchronous=False` it then
+    returns once the step is on disk. With `asynchronous=True` it returns at once in a single
+    process (a writer thread waits for the copy and writes it; see the module docstring for a
+    multi-process run); the next `save`, `wait`, `steps` and `close` wait for the previous
+    save, and re-raise an error it met. Either way a step appears on disk only complete.
     """
 
     def __init__(self, directory: str, *, max_to_keep: int = 3, asynchronous: bool = False):
@@ -167,35 +247,83 @@ class Checkpointer:
 
         self._ocp = ocp
         self.directory = os.path.abspath(directory)
+        # Single process: the writer thread calls orbax synchronously. Several: orbax's own
+        # background writing, handed over from the calling thread (its barriers are
+        # collectives, which must not run beside the training steps' in another thread).
+        self._threaded = asynchronous and jax.process_count() == 1
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
-            enable_async_checkpointing=asynchronous,
+            enable_async_checkpointing=asynchronous and not self._threaded,
             create=True,
             cleanup_tmp_directories=True,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_names=(_STATE, _META))
+        self._jobs: queue.Queue | None = None
+        self._writer: threading.Thread | None = None
+        self._idle = threading.Event()
+        self._idle.set()
+        self._error: BaseException | None = None
+        self.blocked_seconds = 0.0  # time `save` made its caller wait for an earlier save
 
     def steps(self) -> list[int]:
-        """The steps on disk, oldest first."""
+        """The steps on disk, oldest first (after the saves in flight)."""
+        self.wait()
         return sorted(self._manager.all_steps())
 
     def save(self, step: int, state: Any, metadata: dict[str, Any] | None = None) -> None:
-        ocp = self._ocp
+        """Saves `state` (a pytree of arrays, or a `Snapshot` of one) as `step`."""
+        taken = state if isinstance(state, Snapshot) else snapshot(state)
         meta = dict(metadata or {})
-        meta["fingerprint"] = fingerprint(state)
-        meta["layout"] = state_layout(state)
+        meta["layout"] = state_layout(taken.state)
         meta["saved_at"] = time.time()
+        if not self._threaded:
+            self._write(step, taken, meta)
+            return
+        started = time.perf_counter()
+        self._finish_previous()
+        self.blocked_seconds += time.perf_counter() - started
+        if self._writer is None:
+            self._jobs = queue.Queue()
+            self._writer = threading.Thread(target=self._write_jobs, daemon=True,
+                                            name="podracer-checkpoint-writer")
+            self._writer.start()
+        self._idle.clear()
+        self._jobs.put((step, taken, meta))
+
+    def _write(self, step: int, taken: Snapshot, meta: dict[str, Any]) -> None:
+        ocp = self._ocp
+        meta["fingerprint"] = taken.fingerprint()  # waits for the copy's program
         self._manager.save(
             step,
             args=ocp.args.Composite(
-                **{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(meta)}
+                **{_STATE: ocp.args.StandardSave(taken.state), _META: ocp.args.JsonSave(meta)}
             ),
             force=True,
         )
 
+    def _write_jobs(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                self._write(*job)
+            except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+                self._error = error
+            finally:
+                del job  # frees the copy's device buffers before waiting for the next one
+                self._idle.set()
+
+    def _finish_previous(self) -> None:
+        self._idle.wait()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"Saving a checkpoint in {self.directory} failed") from error
+
     def wait(self) -> None:
-        """Blocks until every save has reached the disk."""
+        """Blocks until every save has reached the disk (re-raises a failed save's error)."""
+        self._finish_previous()
         self._manager.wait_until_finished()
 
     def restore(self, step: int, target: Any) -> Restored:
@@ -212,7 +340,10 @@ class Checkpointer:
         meta, state = restored[_META], restored[_STATE]
         if not isinstance(meta, dict) or "fingerprint" not in meta:
             raise CorruptCheckpointError(f"step {step}: metadata missing or unreadable")
-        actual = fingerprint(state, on_device=str(meta["fingerprint"]).startswith("device:"))
+        recorded = str(meta["fingerprint"])
+        scheme = _scheme(recorded)
+        actual = (fingerprint(state, scheme=scheme)
+                  if scheme in ("host:", "device:", "device2:") else "unknown scheme")
         if actual != meta["fingerprint"]:
             raise CorruptCheckpointError(
                 f"step {step}: state fingerprint {actual} != saved {meta['fingerprint']}"
@@ -248,8 +379,14 @@ class Checkpointer:
         self._manager.reload()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            if self._writer is not None:
+                self._jobs.put(None)
+                self._writer.join()
+                self._writer = None
+            self._manager.close()
 
     def __enter__(self) -> Self:
         return self
@@ -337,5 +474,5 @@ def load_arrays(directory: str, step: int | None = None) -> tuple[Any, dict[str,
     return jax.tree.map(np.asarray, state), metadata
 
 
-__all__ = ["Checkpointer", "CorruptCheckpointError", "Preemption", "Restored", "fingerprint",
-           "load_arrays", "read_metadata", "state_layout"]
+__all__ = ["Checkpointer", "CorruptCheckpointError", "Preemption", "Restored", "Snapshot",
+           "fingerprint", "load_arrays", "read_metadata", "snapshot", "state_layout"]

@@ -15,7 +15,7 @@ import yaml
 import anakin
 import envs_jax
 from experiments.configs import vtrace_catch
-from podracer import metrics
+from podracer import metrics, replication
 from podracer.agent import Agent
 
 
@@ -159,3 +159,59 @@ def test_evaluation_plays_one_greedy_episode_per_environment():
     cut = jax.jit(anakin.make_evaluator(agent, env, num_episodes=8, max_steps=3))(
         {}, jax.random.PRNGKey(0))
     assert float(cut["eval_finished"]) == 0.0 and float(cut["eval_return"]) == 0.0
+
+
+def test_the_next_chunk_is_dispatched_before_a_chunks_metrics_are_logged(run):
+    # The host loop's pipeline: when chunk k's record is written, chunk k + 1 has been
+    # dispatched already (the last chunk has none after it).
+    from anakin import runner
+
+    config, _, _ = run
+    programs = next(p for p in reversed(runner._PROGRAMS.values()) if p.chunk_fn is not None)
+    compiled = programs.chunk_fn
+    dispatched = []
+
+    def counting(state):
+        dispatched.append(len(dispatched))
+        return compiled(state)
+
+    seen = []
+    programs.chunk_fn = counting
+    try:
+        result = anakin.train(config, log_fn=lambda record: seen.append(len(dispatched)))
+    finally:
+        programs.chunk_fn = compiled
+    assert seen == [2, 3, 4, 4]
+    # The evaluation logged with the last chunk is of the parameters after it, keyed as the
+    # runner documents: fold_in(fold_in(PRNGKey(seed), 0x5EED), updates).
+    evaluator = anakin.make_evaluator(
+        programs.agent, programs.env, num_episodes=config.eval_episodes,
+        max_steps=config.eval_max_steps)
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x5EED), 20)
+    params = replication.unreplicate(programs.agent.actor_params(result.state.learner_state))
+    expected = jax.device_get(jax.jit(evaluator)(params, key))
+    assert result.history[-1]["eval_return"] == pytest.approx(float(expected["eval_return"]))
+
+
+@pytest.mark.parametrize("with_workdir", [True, False])
+def test_sigterm_stops_after_the_chunk_in_flight_logged_and_checkpointed(run, tmp_path,
+                                                                         with_workdir):
+    import signal
+
+    from conftest import checkpoint_steps
+
+    config, _, _ = run
+    config = config.copy_and_resolve_references()
+    config.total_env_steps = 16 * 10 * 5 * 6  # 6 chunks
+    config.checkpoint_every_updates = 0  # only the one SIGTERM asks for
+
+    def log(record):
+        if record["updates"] == 10:  # seen while chunk 3 (updates 11-15) is in flight
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    workdir = str(tmp_path / "run") if with_workdir else None
+    result = anakin.train(config, workdir, log_fn=log)
+    assert result.interrupted
+    assert [r["updates"] for r in result.history] == [5, 10, 15]
+    if with_workdir:
+        assert checkpoint_steps(workdir) == [15]

@@ -1,9 +1,11 @@
 """podracer.checkpoint: round trips of sharded state, retention, corrupt and partial steps,
-fingerprints, and SIGTERM turned into a flag."""
+fingerprints, snapshots taken on the devices, asynchronous saves that neither wait for the
+state nor lose it to donation, and SIGTERM turned into a flag."""
 
 import json
 import os
 import signal
+import time
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,7 @@ from podracer.checkpoint import (
     fingerprint,
     load_arrays,
     read_metadata,
+    snapshot,
 )
 
 
@@ -141,29 +144,66 @@ def test_partial_save_left_by_a_killed_process_is_ignored(tmp_path, mesh):
     assert read_metadata(directory)["updates"] == 1
 
 
-@pytest.mark.parametrize("on_device", [False, True])
-def test_fingerprint_sees_every_bit_and_position(on_device):
+@pytest.mark.parametrize("scheme", ["host:", "device:", "device2:"])
+def test_fingerprint_sees_every_bit_and_position(scheme):
     def digest(tree):
-        return fingerprint(tree, on_device=on_device)
+        return fingerprint(tree, scheme=scheme)
 
+    # Narrow leaves whose sizes "device2:" packs into words (8 bytes, 4 bools, 2 halves) and
+    # ones it cannot (3 halves).
     tree = {"a": jnp.arange(6, dtype=jnp.float32), "b": jnp.array([1, 2], jnp.int32),
-            "c": jnp.array([True, False]), "h": jnp.ones((3,), jnp.bfloat16)}
+            "c": jnp.array([True, False, False, True]), "h": jnp.ones((3,), jnp.bfloat16),
+            "u": jnp.arange(8, dtype=jnp.uint8), "s": jnp.array([5, -6], jnp.int16)}
     assert digest(tree) == digest(jax.tree.map(lambda x: x.copy(), tree))
-    assert digest(tree).startswith("device:" if on_device else "host:")
+    assert digest(tree).startswith(scheme)
     a = np.asarray(tree["a"]).copy()
     a.view(np.uint32)[3] ^= 1  # the lowest mantissa bit of one element
     assert digest({**tree, "a": jnp.asarray(a)}) != digest(tree)
     swapped = np.asarray(tree["a"])[[1, 0, 2, 3, 4, 5]]
     assert digest({**tree, "a": jnp.asarray(swapped)}) != digest(tree)
+    for name in ("u", "c", "s"):  # one flipped bit, and two values swapped inside a word
+        flipped = np.asarray(tree[name]).copy()
+        flipped.view(np.uint8)[1] ^= 0x10 if name != "c" else 1
+        assert digest({**tree, name: jnp.asarray(flipped)}) != digest(tree), name
+        swapped = np.asarray(tree[name])[[1, 0, *range(2, tree[name].size)]]
+        assert digest({**tree, name: jnp.asarray(swapped)}) != digest(tree), name
     # Same bits in another shape or another leaf order are another state.
     assert digest({**tree, "a": tree["a"].reshape(2, 3)}) != digest(tree)
+    assert digest({**tree, "u": tree["u"].reshape(2, 4)}) != digest(tree)
     assert digest([tree["a"], tree["b"]]) != digest([tree["b"], tree["a"]])
+
+
+def test_the_first_device_scheme_is_unchanged():
+    # Checkpoints saved before "device2:" carry "device:" fingerprints, which must still
+    # verify. The value below was computed with the implementation of commit b336663.
+    tree = {"a": jnp.arange(6, dtype=jnp.float32), "b": jnp.array([1, 2], jnp.int32),
+            "c": jnp.array([True, False]), "h": jnp.ones((3,), jnp.bfloat16),
+            "u": jnp.arange(7, dtype=jnp.uint8), "s": jnp.arange(3, dtype=jnp.int16),
+            "k": jax.random.PRNGKey(3)}
+    assert fingerprint(tree, scheme="device:") == "device:51193f596ea4cb58"
+
+
+def test_a_checkpoint_with_a_first_scheme_fingerprint_verifies(tmp_path, mesh):
+    directory = str(tmp_path / "ckpt")
+    with Checkpointer(directory) as checkpointer:
+        checkpointer.save(1, _state(mesh), {"updates": 1})
+    path = os.path.join(directory, "1", "meta", "metadata")
+    with open(path) as f:
+        meta = json.load(f)
+    meta["fingerprint"] = fingerprint(jax.device_get(_state(mesh)), scheme="device:")
+    with open(path, "w") as f:
+        json.dump(meta, f)
+    with Checkpointer(directory) as checkpointer:
+        restored = checkpointer.restore(1, _state(mesh, offset=3.0))
+    _assert_identical(restored.state, _state(mesh))
 
 
 def test_device_fingerprint_does_not_depend_on_sharding(mesh):
     state = _state(mesh)
     on_one_device = jax.device_put(jax.device_get(state), jax.devices()[0])
-    assert fingerprint(state, on_device=True) == fingerprint(on_one_device, on_device=True)
+    for scheme in ("device:", "device2:"):
+        assert (fingerprint(state, scheme=scheme)
+                == fingerprint(on_one_device, scheme=scheme))
 
 
 def test_sigterm_becomes_a_flag_while_entered():
@@ -174,3 +214,84 @@ def test_sigterm_becomes_a_flag_while_entered():
         assert preemption.requested()
         assert preemption.received == signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_snapshot_is_a_copy_with_the_device_fingerprint(mesh):
+    state = _state(mesh)
+    taken = snapshot(state)
+    for copy, original in zip(jax.tree.leaves(taken.state), jax.tree.leaves(state)):
+        for a, b in zip(copy.addressable_shards, original.addressable_shards, strict=True):
+            assert a.data.unsafe_buffer_pointer() != b.data.unsafe_buffer_pointer()
+        assert copy.sharding == original.sharding
+    _assert_identical(taken.state, state)
+    assert taken.fingerprint() == fingerprint(state, on_device=True)
+    # Host leaves are copied too: changing the caller's array later changes nothing saved.
+    host = {"a": np.arange(3, dtype=np.int32)}
+    taken = snapshot(host)
+    host["a"][0] = 99
+    assert int(taken.state["a"][0]) == 0
+    assert taken.fingerprint() == fingerprint({"a": np.arange(3, dtype=np.int32)},
+                                              on_device=True)
+
+
+def _overwrite(tree):
+    return jax.tree.map(lambda x: x if x.dtype == jnp.bool_ or x.dtype == jnp.uint32 else
+                        x * 3 + 1, tree)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_saved_state_survives_the_caller_donating_it_right_after(tmp_path, mesh, asynchronous):
+    state = _state(mesh)
+    expected = jax.device_get(state)
+    donate = jax.jit(_overwrite, donate_argnums=0)
+    with Checkpointer(str(tmp_path), asynchronous=asynchronous) as checkpointer:
+        checkpointer.save(1, state, {"updates": 1})
+        after = donate(state)  # the next training step reuses the buffers at once
+        restored = checkpointer.restore_latest(_state(mesh, offset=50.0))
+    _assert_identical(restored.state, expected)
+    assert not np.array_equal(np.asarray(after["params"]["w"]), expected["params"]["w"])
+
+
+@jax.jit
+def _slow(x):
+    # About a second or more of CPU work whose result the save must not wait for.
+    def body(_, y):
+        return jnp.tanh(y @ y) * 0.5
+    return jax.lax.fori_loop(0, 60, body, x)
+
+
+def test_asynchronous_save_does_not_wait_for_the_state(tmp_path):
+    x = jnp.ones((512, 512), jnp.float32) / 512
+    jax.block_until_ready(_slow(x))  # compiled
+    with Checkpointer(str(tmp_path), asynchronous=True) as checkpointer:
+        checkpointer.save(1, {"x": x})  # compiles the copy-and-digest program for this tree
+        checkpointer.wait()
+        start = time.perf_counter()
+        y = _slow(x)
+        returned_before = []
+        checkpointer.save(2, {"x": y}, {"updates": 2})
+        returned_before.append(not y.is_ready())
+        save_seconds = time.perf_counter() - start
+        jax.block_until_ready(y)
+        compute_seconds = time.perf_counter() - start
+        assert checkpointer.steps() == [1, 2]
+        restored = checkpointer.restore(2, {"x": y})
+    # The save returned while the state it saves was still being computed.
+    assert returned_before == [True], (save_seconds, compute_seconds)
+    np.testing.assert_array_equal(np.asarray(restored.state["x"]), np.asarray(y))
+    assert restored.metadata["fingerprint"].startswith("device2:")
+
+
+def test_a_failed_asynchronous_save_is_raised_by_the_next_call(tmp_path, mesh, monkeypatch):
+    with Checkpointer(str(tmp_path), asynchronous=True) as checkpointer:
+        def fail(*args, **kwargs):
+            raise OSError("disk full")
+
+        monkeypatch.setattr(checkpointer._manager, "save", fail)
+        checkpointer.save(1, _state(mesh))
+        with pytest.raises(RuntimeError, match="failed") as info:
+            checkpointer.wait()
+        assert isinstance(info.value.__cause__, OSError)
+        monkeypatch.undo()
+        checkpointer.save(2, _state(mesh))
+        assert checkpointer.steps() == [2]

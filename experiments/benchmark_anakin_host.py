@@ -1,0 +1,102 @@
+"""Benchmark: what the host's work (logging, evaluation, checkpoints) costs an Anakin run.
+
+`anakin.train` end to end, the same compiled programs each time, with:
+  off          no workdir (no metrics files, TensorBoard or checkpoints), no evaluation
+  ckpt         a workdir and a checkpoint after every chunk, no evaluation
+  all          a workdir (metrics.jsonl, TensorBoard), a greedy evaluation and a checkpoint
+               after every chunk
+  shipped      a workdir, with the config's own evaluation and checkpoint intervals
+Every variant runs once to compile and warm up; then `--rounds` rounds run them in turn
+(interleaved, the order rotating, so that other load on the machine falls on all alike). Throughput is
+env steps over the run's seconds, from its first chunk's dispatch to the last checkpoint on
+disk (compilation excluded). The load average is printed with every round.
+
+    python -m experiments.benchmark_anakin_host [--config=...] [--chunks=12] [--rounds=3]
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import tempfile
+
+import jax
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+import anakin
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "configs", "vtrace_catch.py"),
+    "Experiment config.")
+_CHUNKS = flags.DEFINE_integer("chunks", 12, "Chunks per timed run.")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved rounds of every variant.")
+_VARIANTS = flags.DEFINE_list("variants", ["off", "ckpt", "all", "shipped"],
+                              "Variants to run; the first is the baseline.")
+
+
+def _variant(config, name: str, chunks: int):
+    config = config.copy_and_resolve_references()
+    per_chunk = config.updates_per_chunk * config.rollout_length * config.num_envs
+    config.total_env_steps = chunks * per_chunk
+    config.checkpoint_keep = 2
+    if name != "shipped":
+        config.eval_every_updates = config.updates_per_chunk if name == "all" else 0
+        config.checkpoint_every_updates = config.updates_per_chunk if name != "off" else 0
+    return config, name != "off"
+
+
+def _run(config, name: str, chunks: int) -> float:
+    config, with_workdir = _variant(config, name, chunks)
+    workdir = tempfile.mkdtemp(prefix=f"anakin-host-{name}-") if with_workdir else None
+    try:
+        result = anakin.train(config, workdir)
+    finally:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return result.final_metrics["env_steps"] / result.run_seconds
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)  # orbax's INFO lines, one per save
+    config = _CONFIG.value
+    device = jax.devices()[0]
+    print(f"# Anakin host-work benchmark: {config.agent.name} on {config.env.name}, "
+          f"{config.num_envs} envs, T={config.rollout_length}, {config.updates_per_chunk} "
+          f"updates/chunk, {_CHUNKS.value} chunks/run; {jax.device_count()} x {device.platform}, "
+          f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}); "
+          f"jax {jax.__version__}; shipped: eval every {config.eval_every_updates}, "
+          f"checkpoint every {config.checkpoint_every_updates} updates", flush=True)
+    for name in _VARIANTS.value:  # compile and warm up every program, the evaluator included
+        _run(config, name, 2)
+    rates: dict[str, list[float]] = {name: [] for name in _VARIANTS.value}
+    for r in range(_ROUNDS.value):
+        load = os.getloadavg()[0]
+        row = []
+        # The order rotates from round to round, so that no variant always runs first.
+        shift = r % len(_VARIANTS.value)
+        for name in _VARIANTS.value[shift:] + _VARIANTS.value[:shift]:
+            rates[name].append(_run(config, name, _CHUNKS.value))
+            row.append(f"{name} {rates[name][-1]:,.0f}")
+        print(f"round {r}: load {load:.1f} -> {os.getloadavg()[0]:.1f}; env steps/s: "
+              + ", ".join(row), flush=True)
+    base = np.median(rates[_VARIANTS.value[0]])
+    print("\n| variant | median env steps/s | rounds | share of "
+          f"'{_VARIANTS.value[0]}' |\n|---|---:|---|---:|")
+    for name, values in rates.items():
+        print(f"| {name} | {np.median(values):,.0f} | "
+              + ", ".join(f"{v:,.0f}" for v in values)
+              + f" | {100 * np.median(values) / base:.1f}% |")
+    # Per-round ratios (the same round's variants ran back to back under the same load).
+    for name in _VARIANTS.value[1:]:
+        ratios = [a / b for a, b in zip(rates[name], rates[_VARIANTS.value[0]])]
+        print(f"{name} / {_VARIANTS.value[0]} per round: "
+              + ", ".join(f"{100 * x:.1f}%" for x in ratios)
+              + f" (median {100 * np.median(ratios):.1f}%)")
+
+
+if __name__ == "__main__":
+    app.run(main)

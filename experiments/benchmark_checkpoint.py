@@ -1,0 +1,109 @@
+"""Benchmark: how long a checkpoint of a large state holds up the thread that saves it.
+
+The state is a replay-buffer-sized array (`--mb`, default 256 MB, random bytes) plus a small
+parameter tree, on one device. Two ways to save it asynchronously, timed alternately
+(`--rounds`), each on a fresh directory:
+  host-hash    what `Checkpointer.save` did before: fetch the whole state to the host and hash
+               it there (`fingerprint(..., on_device=False)`, blake2b on one thread), then hand
+               it to orbax's asynchronous save (which copies it to host memory before returning)
+  device       `Checkpointer(asynchronous=True).save`: a copy and the fingerprint dispatched on
+               the device; a writer thread does the rest
+For each: the seconds the caller was held ("blocked") and the seconds until the step is on disk.
+Then the device fingerprint alone in its two schemes ("device:" one value per 32-bit word,
+"device2:" narrow values packed into words).
+For a fair "blocked" figure the state is being computed when save is called: a jitted update
+of the whole buffer is dispatched just before, as a training step would be.
+
+    python -m experiments.benchmark_checkpoint [--mb=256] [--rounds=3]
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
+
+from podracer.checkpoint import Checkpointer, fingerprint
+
+_MB = flags.DEFINE_integer("mb", 256, "Size of the replay-like array, in MB.")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds.")
+
+
+@jax.jit
+def _step(state):
+    # A training step's worth of writes to the whole buffer (and the parameters).
+    return {"replay": state["replay"] + jnp.uint8(1),
+            "params": jax.tree.map(lambda p: p * 0.999, state["params"])}
+
+
+def _host_hash(directory: str, state) -> tuple[float, float]:
+    import orbax.checkpoint as ocp
+
+    start = time.perf_counter()
+    meta = {"fingerprint": fingerprint(state, on_device=False)}
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
+        enable_async_checkpointing=True), item_names=("state", "meta"))
+    manager.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                            meta=ocp.args.JsonSave(meta)))
+    blocked = time.perf_counter() - start
+    manager.wait_until_finished()
+    manager.close()
+    return blocked, time.perf_counter() - start
+
+
+def _device(directory: str, state) -> tuple[float, float]:
+    checkpointer = Checkpointer(directory, asynchronous=True)
+    start = time.perf_counter()
+    checkpointer.save(1, state, {})
+    blocked = time.perf_counter() - start
+    checkpointer.close()
+    return blocked, time.perf_counter() - start
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    rng = np.random.default_rng(0)
+    state = {"replay": jnp.asarray(rng.integers(0, 255, _MB.value << 20, dtype=np.uint8)),
+             "params": {"w": jnp.ones((256, 256), jnp.float32), "b": jnp.zeros((256,))}}
+    state = jax.block_until_ready(_step(state))
+    print(f"# checkpoint of {_MB.value} MB + params on 1 x {jax.devices()[0].platform}, "
+          f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}); "
+          f"jax {jax.__version__}", flush=True)
+    ways = {"host-hash (before)": _host_hash, "device (now)": _device}
+    with tempfile.TemporaryDirectory() as root:
+        for name, way in ways.items():  # warm-up: compilation, orbax's first use
+            way(os.path.join(root, f"warm-{name}"), jax.block_until_ready(_step(state)))
+        results = {name: [] for name in ways}
+        for r in range(_ROUNDS.value):
+            for i, (name, way) in enumerate(ways.items()):
+                state = _step(state)  # in flight when save is called
+                results[name].append(way(os.path.join(root, f"{r}-{i}"), state))
+                jax.block_until_ready(state)
+            print(f"round {r} (load {os.getloadavg()[0]:.1f}): " + ", ".join(
+                f"{n}: blocked {v[-1][0]:.3f}s, on disk {v[-1][1]:.3f}s"
+                for n, v in results.items()), flush=True)
+    # The fingerprint alone, per scheme (one value per word, and four uint8 packed per word).
+    for scheme in ("device:", "device2:"):
+        fingerprint(state, scheme=scheme)  # compiled
+        best = float("inf")
+        for _ in range(_ROUNDS.value):
+            start = time.perf_counter()
+            fingerprint(state, scheme=scheme)
+            best = min(best, time.perf_counter() - start)
+        print(f"fingerprint {scheme} of the state alone: best {best:.3f}s "
+              f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    print("\n| save | caller blocked (median s) | until on disk (median s) |\n|---|---:|---:|")
+    for name, values in results.items():
+        print(f"| {name} | {np.median([v[0] for v in values]):.3f} | "
+              f"{np.median([v[1] for v in values]):.3f} |")
+
+
+if __name__ == "__main__":
+    app.run(main)
