@@ -66,3 +66,44 @@ def test_lag_one_is_off_policy_and_each_mode_does_what_it_says(off_policy):
         assert all(r["importance_weight"] < 1.0 for r in later), later
         returns = [round(r["episode_return"]) for r in result.history]
         assert _late_return(result.history, 50) >= 150, returns
+
+
+def test_shipped_ppo_configs_are_valid():
+    import anakin
+    from experiments.configs import ppo_cartpole, ppo_pendulum, sebulba_ppo_atari
+
+    assert anakin.validate(ppo_cartpole.get_config(), 8) == 1  # 4 envs: one device
+    assert anakin.validate(ppo_pendulum.get_config(), 8) == 8
+    for module in (sebulba_ppo_cartpole, sebulba_ppo_atari):
+        sebulba.validate(module.get_config(), num_local_devices=1, num_processes=1)
+    atari = sebulba_ppo_atari.get_config()
+    assert atari.env.protocol == "impala"
+    # The step size reaches 0 at the run's last update, also for a run length set later.
+    atari.total_env_steps = 2 * 4 * 128 * 100
+    assert atari.agent.anneal_lr_updates == 100
+
+
+def test_runs_on_envpool_atari_with_the_conv_torso():
+    """Two updates of the shipped Atari config, made tiny: the conv torso, the named protocol,
+    policy lag 1 and the corrected mode end to end (this checks the wiring, not learning)."""
+    from experiments.configs import sebulba_ppo_atari
+
+    config = sebulba_ppo_atari.get_config()
+    config.actor_device_ids = (0,)
+    config.learner_device_ids = (1,)
+    config.envs_per_actor_thread = 2
+    config.rollout_length = 8
+    config.agent.num_epochs = 1
+    config.agent.num_minibatches = 2
+    config.total_env_steps = 3 * 2 * 2 * 8  # 3 updates of 2 threads x 2 envs x T=8
+    config.log_every_updates = 1
+    config.eval_every_updates = 0
+    config.checkpoint_every_updates = 0
+    config.timeout_s = 300.0
+    result = sebulba.train(config)
+    assert result.run_info["environment"]["protocol"] == "impala"
+    assert result.policy_lags == [0, 1, 1]
+    record = result.final_metrics
+    assert record["first_ratio_deviation"] <= 1e-5  # corrected: pi_0 recomputed
+    for key in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm"):
+        assert record[key] == record[key], key  # finite (NaN would stop the run anyway)

@@ -23,6 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.learning_rate = 2.5e-4
     config.agent.num_epochs = 4
     config.agent.num_minibatches = 4  # of 128 transitions each
+    config.num_devices = 1  # 4 environments do not split over more; 0 = every device
     config.num_envs = 4
     config.rollout_length = 128
     config.updates_per_chunk = 122  # 8 chunks of 122 updates: 976 updates, 499,712 steps
