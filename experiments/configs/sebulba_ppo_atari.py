@@ -9,9 +9,9 @@ set; it is written, with the envpool version, to `<workdir>/run_info.json` and t
 line. Logged episode returns are unclipped game scores. The agent's hyperparameters follow the
 PPO paper's Atari table (Schulman et al., 2017, table 5) where ours has them: T = 128, 8
 environments, 3 epochs of 4 minibatches (of 256 transitions), Adam at 2.5e-4 annealed to 0,
-discount 0.99, GAE lambda 0.95, clip 0.1, value cost 1 (0.5 here with the usual 1/2 in the value
-loss), entropy cost 0.01; gradient norm clipped at 0.5. The torso is the shallow DQN/IMPALA conv
-net; `agent.torso="resnet"` takes the IMPALA deep one.
+discount 0.99, GAE lambda 0.95, clip 0.1 (not annealed here), entropy cost 0.01; value cost 0.5
+on 1/2 (V - R)^2 and gradient norm clipped at 0.5, as in OpenAI's baselines PPO code. The torso
+is the shallow DQN/IMPALA conv net; `agent.torso="resnet"` takes the IMPALA deep one.
 
 With policy lag 1 (the default here: the actors collect the next batch during each update) the
 data is one version stale; `agent.off_policy="corrected"` corrects for it with truncated
