@@ -31,9 +31,16 @@ def _muzero(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     return muzero.make_agent(config, env_spec)
 
 
+def _efficientzero(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
+    from agents import efficientzero
+
+    return efficientzero.make_agent(config, env_spec)
+
+
 _FACTORIES: dict[str, Callable[[ml_collections.ConfigDict, EnvSpec], Agent]] = {
     "vtrace": _vtrace,
     "muzero": _muzero,
+    "efficientzero": _efficientzero,
     "ppo": _ppo,
 }
 

@@ -1,9 +1,9 @@
 """What Anakin and Sebulba share: types, the agent interface, replication, config validation,
-metrics and checkpoints, re-exported here; the on-device replay of positions
-(`podracer.position_replay`) and multi-process start-up (`podracer.distributed`) are imported
-by their module names."""
+metrics, checkpoints and optimisers (`podracer.optim`: Clipped LARS), re-exported here; the
+on-device replay of positions (`podracer.position_replay`) and multi-process start-up
+(`podracer.distributed`) are imported by their module names."""
 
-from podracer import checkpoint, config, metrics, replication, types
+from podracer import checkpoint, config, metrics, optim, replication, types
 from podracer.agent import Agent
 from podracer.config import ConfigError
 from podracer.types import (
@@ -29,6 +29,7 @@ __all__ = [
     "checkpoint",
     "config",
     "metrics",
+    "optim",
     "replication",
     "types",
 ]

@@ -85,6 +85,16 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
     except Exception as e:  # envpool rejects unknown or ill-typed options here
         raise cfg.ConfigError("env.kwargs", f"envpool rejects the options {options}: {e}",
                               "remove or correct the offending option") from e
+    eval_options = {**options, **config.env.get("eval_kwargs", {})}
+    try:
+        eval_spec = envpool_env.env_spec(task, eval_options)
+    except Exception as e:
+        raise cfg.ConfigError("env.eval_kwargs", f"envpool rejects the options {eval_options}: "
+                              f"{e}", "remove or correct the offending option") from e
+    if eval_spec != spec:
+        raise cfg.ConfigError("env.eval_kwargs", "change the observation or action spec "
+                              f"({eval_spec} vs training's {spec})",
+                              "only change options that keep the spec (e.g. episodic_life)")
     if not isinstance(spec.action, DiscreteSpec):
         raise cfg.ConfigError("env.task", f"{task!r} has continuous actions",
                               "choose an environment with discrete actions for this agent")

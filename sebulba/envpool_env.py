@@ -74,7 +74,33 @@ ATARI_PROTOCOLS: dict[str, dict[str, Any]] = {
         full_action_space=True,
         use_fire_reset=False,
     ),
+    # Atari 100k (Kaiser et al., 2020) as EfficientZero plays it (Ye et al., 2021; its released
+    # code: config/atari/__init__.py and core/utils.py): 96x96 RGB frames (cv2 INTER_AREA, which
+    # envpool also uses), a stack of 4, frame skip 4 with a max over the last two frames, up to 30
+    # no-ops at the start of a game, a life loss ends the training episode, rewards clipped to
+    # their sign for training, no sticky actions and the minimal action set ("NoFrameskip-v4"),
+    # and no FIRE on reset (its wrappers have none). A game is capped at 108K frames (27K agent
+    # steps), the benchmark's limit and that of EfficientZero's final evaluation; its released
+    # code caps training games at 12K frames (`--config.env.kwargs.max_episode_steps=3000` to
+    # match). The budget is 100K agent steps (400K frames): experiments/atari100k.py.
+    "atari100k": {
+        "img_height": 96,
+        "img_width": 96,
+        "gray_scale": False,
+        "frame_skip": 4,
+        "stack_num": 4,
+        "max_episode_steps": 27_000,
+        "noop_max": 30,
+        "episodic_life": True,
+        "reward_clip": True,
+        "repeat_action_probability": 0.0,
+        "full_action_space": False,
+        "use_fire_reset": False,
+    },
 }
+# EfficientZero's grey-scale option (`gray_scale=True`, one channel per frame; its network then
+# has 32 channels instead of 64), otherwise "atari100k".
+ATARI_PROTOCOLS["atari100k_grey"] = dict(ATARI_PROTOCOLS["atari100k"], gray_scale=True)
 
 
 @functools.cache

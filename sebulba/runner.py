@@ -181,6 +181,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
 
     task, protocol = config.env.task, config.env.protocol
     options = envpool_env.make_options(task, protocol, config.env.get("kwargs", {}))
+    # Evaluation may play under other options, e.g. whole games without episodic life.
+    eval_options = envpool_env.make_options(task, protocol, {
+        **config.env.get("kwargs", {}), **config.env.get("eval_kwargs", {})})
     spec = envpool_env.env_spec(task, options)
     agent = agents.make(config.agent, spec)
     frame_skip = int(options.get("frame_skip", 1))
@@ -198,6 +201,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     run_info = {
         "architecture": "sebulba",
         "environment": envpool_env.run_description(task, protocol, options),
+        "evaluation_environment": envpool_env.run_description(task, protocol, eval_options),
         "agent": config.agent.name,
         "platform": local[0].platform,
         "num_processes": jax.process_count(),
@@ -362,7 +366,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
                 eval_env = envpool_env.EnvpoolEnv(
                     task, run_option(config, "eval_episodes"),
                     seed=_env_seed(config.seed, EVAL_STREAM), num_threads=config.env.num_threads,
-                    options=options)
+                    options=eval_options)
                 envs.append(eval_env)
                 learner.evaluate = make_evaluator(agent, eval_env, actor_devices[0],
                                                   max_steps=run_option(config, "eval_max_steps"))

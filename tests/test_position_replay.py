@@ -131,3 +131,34 @@ def test_memory_is_computed_before_allocation():
         1000 * (38 * (84 * 84 + 5) + 80))
     with pytest.raises(ValueError, match="capacity"):
         pr.make_position_replay(0, period=3, lookahead=1)
+
+
+def test_a_draw_that_float_rounding_puts_on_a_zero_probability_position_is_moved_to_a_valid_one():
+    # A float32 running sum need not be monotone: here the second entry has probability 0 but
+    # its running sum rose by rounding. Plain inverse-CDF sampling returns the first index
+    # whose running sum reaches r = total * (1 - u); r = 0.3000001 reaches index 1.
+    cumulative = jnp.asarray([0.3, 0.30000012, 0.6, 1.0], jnp.float32)
+    valid = jnp.asarray([True, False, True, True])
+    u = 1.0 - jnp.asarray([0.30000006, 0.1, 0.9999], jnp.float32)  # r = 0.30000006, 0.1, 0.9999
+    assert int(jnp.searchsorted(cumulative, jnp.float32(0.30000006))) == 1  # the invalid index
+    np.testing.assert_array_equal(pr.draw_positions(cumulative, valid, u), [2, 0, 3])
+    # No valid index after the draw: the nearest before it.
+    cumulative = jnp.asarray([0.5, 1.0, 1.0000001], jnp.float32)
+    valid = jnp.asarray([True, True, False])
+    np.testing.assert_array_equal(pr.draw_positions(cumulative, valid, jnp.zeros(1)), [1])
+
+
+def test_many_draws_from_a_large_replay_never_return_an_unsampleable_position():
+    # 100,000 positions, 7% unsampleable (priority 0), as in a MinAtar run whose sweeps once
+    # stopped on NaN: an unsampleable draw has probability 0, so an infinite importance weight.
+    replay = pr.make_position_replay(10_000, period=10, lookahead=0)
+    state = replay.init({"x": jnp.zeros((), jnp.float32)})
+    rng = np.random.default_rng(0)
+    priorities = rng.uniform(0.1, 2.0, (10_000, 10)).astype(np.float32)
+    priorities[rng.uniform(size=priorities.shape) < 0.07] = 0.0
+    state = state.replace(priorities=jnp.asarray(priorities))
+    draw = jax.jit(lambda key: replay.sample(state, key, 500_000, alpha=1.0, beta=1.0))
+    for seed in range(4):
+        sample = draw(jax.random.key(seed))
+        assert np.all(priorities[np.asarray(sample.slots), np.asarray(sample.positions)] > 0)
+        assert np.all(np.isfinite(np.asarray(sample.weights)))

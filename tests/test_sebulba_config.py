@@ -78,3 +78,12 @@ def test_configs_without_the_checkpoint_and_eval_fields_get_their_defaults():
                   "eval_episodes", "eval_max_steps"):
         del config[field]
     validate(config, num_local_devices=1, num_processes=1)
+
+
+def test_evaluation_options_may_differ_only_where_the_spec_stays():
+    config = sebulba_vtrace_atari.get_config()
+    config.env.eval_kwargs.episodic_life = False  # whole games at evaluation: accepted
+    validate(config, num_local_devices=1, num_processes=1)
+    config.env.eval_kwargs.img_height = 42  # another observation shape: refused
+    with pytest.raises(ConfigError, match=r"env\.eval_kwargs"):
+        validate(config, num_local_devices=1, num_processes=1)

@@ -148,3 +148,62 @@ def test_atari_returns_are_unclipped_game_scores_across_life_losses():
     env.close()
     reference.close()
     assert games >= 2 and life_losses >= 2 and big_rewards > 0
+
+
+@pytest.mark.parametrize("protocol, channels", [("atari100k", 3), ("atari100k_grey", 1)])
+def test_atari100k_protocol_reaches_envpool(protocol, channels):
+    # EfficientZero's preprocessing: 96x96 frames (RGB, or grey), 4 stacked, frame skip 4, up to
+    # 30 no-ops, life loss ends the training episode, clipped rewards, no sticky actions, the
+    # minimal action set, no FIRE on reset, 108K-frame (27K-step) games.
+    options = envpool_env.make_options("Breakout-v5", protocol)
+    env = EnvpoolEnv("Breakout-v5", 2, seed=0, options=options)
+    ts = env.reset()
+    # envpool stacks channel-first: 4 frames x `channels` colours; agents see [H, W, C].
+    assert ts.observation.shape == (2, 4 * channels, 96, 96)
+    assert ts.observation.dtype == np.uint8
+    assert envpool_env.env_spec("Breakout-v5", options).observation.shape == (96, 96, 4 * channels)
+    assert envpool_env.env_spec("Breakout-v5", options).action.num_values == 4  # minimal set
+    made = env._env.config  # what envpool itself was configured with
+    expected = {"img_height": 96, "img_width": 96, "gray_scale": channels == 1, "stack_num": 4,
+                "frame_skip": 4, "noop_max": 30, "episodic_life": True, "reward_clip": True,
+                "repeat_action_probability": 0.0, "full_action_space": False,
+                "use_fire_reset": False, "max_episode_steps": 27_000}
+    assert {k: made[k] for k in expected} == expected
+    if channels == 3:
+        # RGB: Breakout's coloured screen differs between the channels of one frame.
+        first = ts.observation[0, :3].reshape(3, -1).mean(axis=1)
+        assert len(set(np.round(first, 3))) == 3
+    env.close()
+    record = envpool_env.run_description("Breakout-v5", protocol, options)
+    assert record["protocol"] == protocol and record["envpool_options"] == expected
+
+
+def test_episodic_life_changes_the_game_after_a_life_loss():
+    # Why a whole-game evaluation (EfficientZero's) needs an environment without episodic life,
+    # not only `game_over`: with it, envpool's reset after a life loss (whose action it ignores)
+    # moves the game on, so the same game-step actions from the same seed play another game.
+    options = dict(envpool_env.make_options("Breakout-v5", "atari100k_grey"), img_height=42,
+                   img_width=42)
+    frames = {}
+    for episodic in (True, False):
+        env = envpool.make("Breakout-v5", env_type="gymnasium", num_envs=1, seed=5,
+                           **{**options, "episodic_life": episodic})
+        env.reset()
+        rng = np.random.default_rng(0)
+        seen, lives, reset_next = [], [], False
+        while len(seen) < 120:
+            if reset_next:  # envpool's reset step: not a game step, its action is ignored
+                env.step(np.zeros(1, np.int32))
+                reset_next = False
+                continue
+            obs, _, terminated, _, info = env.step(rng.integers(0, 4, 1).astype(np.int32))
+            seen.append(obs[0, -1].copy())
+            lives.append(int(info["lives"][0]))
+            reset_next = bool(terminated[0])
+        env.close()
+        frames[episodic] = (seen, lives)
+    (a, lives_a), (b, lives_b) = frames[True], frames[False]
+    first_loss = lives_b.index(lives_b[0] - 1)  # the game step that lost the first life
+    assert lives_a[:first_loss + 1] == lives_b[:first_loss + 1]
+    assert all((x == y).all() for x, y in zip(a[:first_loss + 1], b[:first_loss + 1]))
+    assert any((x != y).any() for x, y in zip(a[first_loss + 1:], b[first_loss + 1:]))

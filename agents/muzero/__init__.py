@@ -6,24 +6,41 @@ networks, search (`make_recurrent_fn`, `run_search`), targets, losses and the le
 """
 
 from agents.muzero.agent import (
+    LOSS_HPARAMS,
+    METRIC_NAMES,
+    OPTIMIZER_HPARAMS,
     SWEEPABLE,
+    check_trajectory,
     default_config,
+    init_learner_state,
+    make_actor_step,
     make_agent,
     make_optimizer,
     make_replay,
     set_hparams,
+    stores_frames_once,
 )
 from agents.muzero.learning import (
     LearnerState,
+    apply_gradients,
     batch_targets,
     importance_exponent,
+    learner_step,
     learner_update,
     observations_at,
+    sample_beta,
+    sample_positions,
     to_replay_steps,
 )
 from agents.muzero.losses import LossOutput, UnrollOutput, unroll_loss, unroll_model
 from agents.muzero.networks import MuZeroNetwork, make_network, normalise_latent
-from agents.muzero.search import make_recurrent_fn, root_output, run_search, value_to_scalar
+from agents.muzero.search import (
+    make_recurrent_fn,
+    root_output,
+    run_search,
+    search_with,
+    value_to_scalar,
+)
 from agents.muzero.targets import (
     UnrollTargets,
     bootstrap_indices,
@@ -36,18 +53,26 @@ from agents.muzero.targets import (
 )
 
 __all__ = [
+    "LOSS_HPARAMS",
+    "METRIC_NAMES",
+    "OPTIMIZER_HPARAMS",
     "SWEEPABLE",
     "LearnerState",
     "LossOutput",
     "MuZeroNetwork",
     "UnrollOutput",
     "UnrollTargets",
+    "apply_gradients",
     "batch_targets",
     "bootstrap_indices",
+    "check_trajectory",
     "default_config",
     "frame_stack",
     "importance_exponent",
+    "init_learner_state",
+    "learner_step",
     "learner_update",
+    "make_actor_step",
     "make_agent",
     "make_network",
     "make_optimizer",
@@ -59,9 +84,13 @@ __all__ = [
     "probs_to_scalar",
     "root_output",
     "run_search",
+    "sample_beta",
+    "sample_positions",
     "scalar_to_probs",
+    "search_with",
     "set_hparams",
     "stack_restarts",
+    "stores_frames_once",
     "to_replay_steps",
     "unroll_loss",
     "unroll_model",

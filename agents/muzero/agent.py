@@ -36,6 +36,8 @@ from podracer.types import Array, EnvSpec, Metrics, PRNGKey, TimeStep, Trajector
 OPTIMIZER_HPARAMS = ("learning_rate", "max_grad_norm", "weight_decay")
 LOSS_HPARAMS = ("value_cost", "priority_exponent", "importance_exponent")
 SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
+METRIC_NAMES = ("loss", "value_loss", "policy_loss", "reward_loss", "grad_norm",
+                "mean_priority", "importance_exponent")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -111,10 +113,11 @@ def stores_frames_once(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> 
     return bool(config.store_frames_once)
 
 
-def make_replay(config: ml_collections.ConfigDict, env_spec: EnvSpec
-                ) -> tuple[pr.PositionReplay, dict, int]:
+def make_replay(config: ml_collections.ConfigDict, env_spec: EnvSpec, *,
+                extra_fields: dict | None = None) -> tuple[pr.PositionReplay, dict, int]:
     """The replay of positions for `config` (memory checked against the device before
-    anything is allocated), an example of one stored timestep, and its history H."""
+    anything is allocated), an example of one stored timestep, and its history H.
+    `extra_fields` ({name: jax.ShapeDtypeStruct}) are stored with each timestep too."""
     obs = env_spec.observation
     frames_once = stores_frames_once(config, env_spec)
     history = int(obs.shape[-1]) - 1 if frames_once else 0
@@ -130,6 +133,7 @@ def make_replay(config: ml_collections.ConfigDict, env_spec: EnvSpec
         "discount": jax.ShapeDtypeStruct((), jnp.float32),
         "step_type": jax.ShapeDtypeStruct((), jnp.int8),
         "policy": jax.ShapeDtypeStruct((env_spec.action.num_values,), jnp.float32),
+        **(extra_fields or {}),
     }
     period, lookahead = config.rollout_length, config.unroll_steps + config.td_steps
     windows = math.ceil(config.replay_capacity / period)
@@ -149,76 +153,78 @@ def make_replay(config: ml_collections.ConfigDict, env_spec: EnvSpec
     return replay, example, history
 
 
+def check_trajectory(config: ml_collections.ConfigDict, state: LearnerState,
+                     trajectory: Trajectory) -> None:
+    """Raises `ConfigError` when the runner's trajectories do not fit the replay: another T
+    than `agent.rollout_length`, or more environments per device than it has windows."""
+    t, b = trajectory.action.shape[:2]
+    if t != config.rollout_length:
+        raise ConfigError(
+            "agent.rollout_length",
+            f"is {config.rollout_length} but the runner sends trajectories of T={t}",
+            "tie them: config.agent.rollout_length = config.get_ref('rollout_length')",
+        )
+    windows = state.replay.sampleable.shape[0]
+    if b > windows:
+        raise ConfigError(
+            "agent.replay_capacity",
+            f"holds {windows} windows of {t} positions, fewer than the {b} environments "
+            "each learner device receives",
+            f"use at least {b * t} positions",
+        )
+
+
+def make_actor_step(search):
+    """`Agent.actor_step` of a searching agent: `search(params, observation, key, evaluation)`
+    -> `mctx.PolicyOutput`; acts by the search's sampled action (its most visited one when
+    evaluating) and ships the search policy as the policy target."""
+
+    def actor_step(params, actor_state, timestep: TimeStep, key: PRNGKey, *, evaluation=False):
+        out = search(params, timestep.observation, key, evaluation)
+        action = jnp.argmax(out.action_weights, -1) if evaluation else out.action
+        return action.astype(jnp.int32), actor_state, {"policy": out.action_weights}
+
+    return actor_step
+
+
+def init_learner_state(network, optimizer: optax.GradientTransformation,
+                       replay: pr.PositionReplay, example_step: dict,
+                       loss_hparams: dict[str, float], key: PRNGKey, spec: EnvSpec
+                       ) -> LearnerState:
+    """`Agent.init`: parameters from `network.init(key, observation, action)`, their target
+    copy, the optimiser state, an empty replay and the loss's hyperparameters as arrays."""
+    dummy_obs = jnp.zeros((1,) + tuple(spec.observation.shape), spec.observation.dtype)
+    params = network.init(key, dummy_obs, jnp.zeros((1,), jnp.int32))
+    return LearnerState(
+        params=params,
+        target_params=params,
+        opt_state=optimizer.init(params),
+        replay=replay.init(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), example_step)),
+        updates=jnp.zeros((), jnp.int32),
+        hparams={k: jnp.asarray(v, jnp.float32) for k, v in loss_hparams.items()},
+    )
+
+
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     network: MuZeroNetwork = make_network(config, env_spec)
     optimizer = make_optimizer(config)
     replay, example_step, history = make_replay(config, env_spec)
     frames_once = stores_frames_once(config, env_spec)
 
-    def actor_step(params, actor_state, timestep: TimeStep, key: PRNGKey, *, evaluation=False):
-        out = run_search(network, params, timestep.observation, key, config,
-                         evaluation=evaluation)
-        action = jnp.argmax(out.action_weights, -1) if evaluation else out.action
-        return action.astype(jnp.int32), actor_state, {"policy": out.action_weights}
-
-    def init(key: PRNGKey, spec: EnvSpec = env_spec) -> LearnerState:
-        dummy_obs = jnp.zeros((1,) + tuple(spec.observation.shape), spec.observation.dtype)
-        params = network.init(key, dummy_obs, jnp.zeros((1,), jnp.int32))
-        return LearnerState(
-            params=params,
-            target_params=params,
-            opt_state=optimizer.init(params),
-            replay=replay.init(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                                            example_step)),
-            updates=jnp.zeros((), jnp.int32),
-            hparams={k: jnp.asarray(config[k], jnp.float32) for k in LOSS_HPARAMS},
-        )
-
-    metric_names = ("loss", "value_loss", "policy_loss", "reward_loss", "grad_norm",
-                    "mean_priority", "importance_exponent")
+    search = lambda params, observation, key, evaluation: run_search(
+        network, params, observation, key, config, evaluation=evaluation)
+    actor_step = make_actor_step(search)
+    init = lambda key, spec=env_spec: init_learner_state(
+        network, optimizer, replay, example_step, {k: config[k] for k in LOSS_HPARAMS}, key, spec)
 
     def learner_step(state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
                      axis_name: str | None) -> tuple[LearnerState, Metrics]:
-        t, b = trajectory.action.shape[:2]
-        if t != config.rollout_length:
-            raise ConfigError(
-                "agent.rollout_length",
-                f"is {config.rollout_length} but the runner sends trajectories of T={t}",
-                "tie them: config.agent.rollout_length = config.get_ref('rollout_length')",
-            )
-        windows = state.replay.sampleable.shape[0]
-        if b > windows:
-            raise ConfigError(
-                "agent.replay_capacity",
-                f"holds {windows} windows of {t} positions, fewer than the {b} environments "
-                "each learner device receives",
-                f"use at least {b * t} positions",
-            )
+        check_trajectory(config, state, trajectory)
         steps, sampleable = learning.to_replay_steps(trajectory, frames_once=frames_once)
-        state = state.replace(replay=replay.add(state.replay, steps, sampleable))
-
-        def train(state):
-            keys = jax.random.split(key, config.updates_per_step)
-            state, metrics = jax.lax.scan(
-                lambda s, k: learning.learner_update(network, optimizer, replay, config, s, k,
-                                                     history=history, axis_name=axis_name),
-                state, keys)
-            return state, jax.tree.map(jnp.mean, metrics)
-
-        def wait(state):
-            return state, {name: jnp.zeros((), jnp.float32) for name in metric_names}
-
-        # Every device inserts the same number of positions, but LAST steps are not
-        # sampleable, so devices may disagree on `ready`: all wait for the slowest.
-        size = replay.size(state.replay)
-        ready = size >= config.min_replay_items
-        if axis_name is not None:
-            ready = jax.lax.pmin(ready.astype(jnp.int32), axis_name) > 0
-        state, metrics = jax.lax.cond(ready, train, wait, state)
-        metrics = {**metrics, "replay_size": size.astype(jnp.float32)}
-        if axis_name is not None:
-            metrics = jax.lax.pmean(metrics, axis_name)
-        return state, metrics
+        update = lambda s, k: learning.learner_update(network, optimizer, replay, config, s, k,
+                                                      history=history, axis_name=axis_name)
+        return learning.learner_step(update, replay, config, state, steps, sampleable, key,
+                                     metric_names=METRIC_NAMES, axis_name=axis_name)
 
     return Agent(
         init=init,

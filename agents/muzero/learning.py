@@ -7,12 +7,16 @@ agent (EfficientZero) can call them, or replace one, without copying the rest:
     to_replay_steps    trajectory [T+1, B] -> the T new timesteps the replay stores
     observations_at    sampled windows -> observations at given window indices
     batch_targets      the target network (and Reanalyse) at the positions the batch uses
+    sample_positions   draw a batch with the state's priority and importance exponents
+    apply_gradients    pmean, optimiser step, target copy
     learner_update     sample, targets, gradient step, target copy, priority update
+    learner_step       insert a trajectory, then `updates_per_step` updates once ready
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import chex
 import jax
@@ -75,7 +79,8 @@ def observations_at(windows: dict, indices: Array, *, history: int) -> Array:
 
 
 def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, key: PRNGKey,
-                  config: ml_collections.ConfigDict, *, history: int) -> tgt.UnrollTargets:
+                  config: ml_collections.ConfigDict, *, history: int, n: Array | None = None,
+                  search: Callable | None = None) -> tgt.UnrollTargets:
     """`unroll_targets` of a batch of sampled windows (leaves [S, H + K + n + 1, ...], the
     position at index H), leaves [S, K+1, ...].
 
@@ -85,13 +90,25 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
     measure the saving.
     Reanalyse (the first `round(reanalyse_fraction * S)` samples) searches with the target
     network at the K+1 unroll positions (policy targets) and at the bootstrap positions
-    (values). `key` is consumed by that search."""
+    (values). `key` is consumed by that search.
+
+    `n` ([S] int32, each at most `config.td_steps`) shortens each sample's n-step horizon
+    (EfficientZero's off-policy correction); None: `config.td_steps` for all. `search`
+    (params, observations [B, ...], key) -> `mctx.PolicyOutput` replaces MuZero's search for
+    Reanalyse (an agent with another model, e.g. EfficientZero's value prefix)."""
+    if search is None:
+        search = lambda params, obs, key: run_search(network, params, obs, key, config,
+                                                     evaluation=False)
     k1 = config.unroll_steps + 1
     s = windows["step_type"].shape[0]
     ahead = jax.tree.map(lambda x: x[:, history:], windows)
     step_types = ahead["step_type"].astype(jnp.int32)  # [S, K+n+1]
-    boot = jax.vmap(functools.partial(tgt.bootstrap_indices, num_unroll=config.unroll_steps,
-                                      n=config.td_steps))(step_types)  # [S, K+1]
+
+    def horizon(n_i):  # one static n, or each sample's traced n (None is an empty pytree)
+        return {"n": config.td_steps} if n_i is None else {"n": n_i, "max_n": config.td_steps}
+
+    boot = jax.vmap(lambda st, n_i: tgt.bootstrap_indices(
+        st, num_unroll=config.unroll_steps, **horizon(n_i)))(step_types, n)  # [S, K+1]
 
     def values(obs):  # [S', M, ...] -> [S', M]
         flat = obs.reshape((-1,) + obs.shape[2:])
@@ -120,8 +137,7 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
             where = jnp.concatenate(
                 [jnp.broadcast_to(jnp.arange(k1), (num_reanalyse, k1)), boot[:num_reanalyse]], 1)
         obs = observations_at(sub, history + where, history=history)
-        out = run_search(network, target_params, obs.reshape((-1,) + obs.shape[2:]), key,
-                         config, evaluation=False)
+        out = search(target_params, obs.reshape((-1,) + obs.shape[2:]), key)
         searched = out.action_weights.reshape(where.shape + (-1,))
         root_values = out.search_tree.summary().value.reshape(where.shape)
         policies = policies.at[:num_reanalyse, :k1].set(searched[:, :k1])
@@ -130,10 +146,9 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
         else:
             root_values = root_values[:, k1:]
         boot_values = boot_values.at[:num_reanalyse].set(root_values)
-    targets = jax.vmap(functools.partial(
-        tgt.unroll_targets, num_unroll=config.unroll_steps, n=config.td_steps,
-        discount=config.discount))(ahead["reward"], ahead["discount"], step_types, policies,
-                                   boot_values)
+    targets = jax.vmap(lambda r, d, st, pi, v, n_i: tgt.unroll_targets(
+        r, d, st, pi, v, num_unroll=config.unroll_steps, discount=config.discount,
+        **horizon(n_i)))(ahead["reward"], ahead["discount"], step_types, policies, boot_values, n)
     return jax.lax.stop_gradient(targets)
 
 
@@ -146,6 +161,34 @@ def importance_exponent(beta0: Array, updates: Array, anneal_updates: int) -> Ar
     return beta0 + (1.0 - beta0) * fraction
 
 
+def sample_positions(replay: pr.PositionReplay, config: ml_collections.ConfigDict,
+                     state: LearnerState, key: PRNGKey) -> pr.PositionSample:
+    """`config.batch_size` positions drawn with the learner state's priority exponent and the
+    importance exponent annealed to the current update."""
+    hp = state.hparams
+    beta = importance_exponent(hp["importance_exponent"], state.updates,
+                               config.importance_anneal_updates)
+    return replay.sample(state.replay, key, config.batch_size, alpha=hp["priority_exponent"],
+                         beta=beta)
+
+
+def apply_gradients(optimizer: optax.GradientTransformation, config: ml_collections.ConfigDict,
+                    state: LearnerState, grads: Params, *, axis_name: str | None
+                    ) -> LearnerState:
+    """The optimiser step on gradients averaged over `axis_name`, the update count, and the
+    target network copied every `config.target_update_interval` updates."""
+    if axis_name is not None:
+        grads = jax.lax.pmean(grads, axis_name)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    count = state.updates + 1
+    copy = count % config.target_update_interval == 0
+    target_params = jax.tree.map(lambda new, old: jnp.where(copy, new, old), params,
+                                 state.target_params)
+    return state.replace(params=params, target_params=target_params, opt_state=opt_state,
+                         updates=count)
+
+
 def learner_update(network: MuZeroNetwork, optimizer: optax.GradientTransformation,
                    replay: pr.PositionReplay, config: ml_collections.ConfigDict,
                    state: LearnerState, key: PRNGKey, *, history: int,
@@ -156,10 +199,7 @@ def learner_update(network: MuZeroNetwork, optimizer: optax.GradientTransformati
     priorities set to |v - z| at the position. Keys: sampling, then Reanalyse."""
     sample_key, reanalyse_key = jax.random.split(key)
     hp = state.hparams
-    beta = importance_exponent(hp["importance_exponent"], state.updates,
-                               config.importance_anneal_updates)
-    sample = replay.sample(state.replay, sample_key, config.batch_size,
-                           alpha=hp["priority_exponent"], beta=beta)
+    sample = sample_positions(replay, config, state, sample_key)
     windows = sample.windows
     targets = batch_targets(network, state.target_params, windows, reanalyse_key, config,
                             history=history)
@@ -178,14 +218,7 @@ def learner_update(network: MuZeroNetwork, optimizer: optax.GradientTransformati
         return loss, (jnp.abs(value - targets.value[:, 0]), per_example)
 
     grads, (priorities, per_example) = jax.grad(loss_fn, has_aux=True)(state.params)
-    if axis_name is not None:
-        grads = jax.lax.pmean(grads, axis_name)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    count = state.updates + 1
-    copy = count % config.target_update_interval == 0
-    target_params = jax.tree.map(lambda new, old: jnp.where(copy, new, old), params,
-                                 state.target_params)
+    new_state = apply_gradients(optimizer, config, state, grads, axis_name=axis_name)
     k1 = config.unroll_steps + 1
     metrics = {
         "loss": jnp.mean(sample.weights * per_example.loss),
@@ -194,9 +227,46 @@ def learner_update(network: MuZeroNetwork, optimizer: optax.GradientTransformati
         "reward_loss": jnp.mean(per_example.reward_loss) / max(config.unroll_steps, 1),
         "grad_norm": optax.tree.norm(grads),
         "mean_priority": jnp.mean(priorities),
-        "importance_exponent": beta,
+        "importance_exponent": sample_beta(config, state),
     }
-    new_state = state.replace(
-        params=params, target_params=target_params, opt_state=opt_state, updates=count,
+    new_state = new_state.replace(
         replay=replay.update(state.replay, sample.slots, sample.positions, priorities))
     return new_state, metrics
+
+
+def sample_beta(config: ml_collections.ConfigDict, state: LearnerState) -> Array:
+    """The importance exponent in force at `state`'s update."""
+    return importance_exponent(state.hparams["importance_exponent"], state.updates,
+                               config.importance_anneal_updates)
+
+
+def learner_step(update: Callable[[LearnerState, PRNGKey], tuple[LearnerState, Metrics]],
+                 replay: pr.PositionReplay, config: ml_collections.ConfigDict,
+                 state: LearnerState, steps: dict, sampleable: Array, key: PRNGKey, *,
+                 metric_names: tuple[str, ...], axis_name: str | None
+                 ) -> tuple[LearnerState, Metrics]:
+    """Appends a trajectory's timesteps (`steps` leaves [T, B, ...], `sampleable` [T, B]) to
+    the replay, then runs `update` `config.updates_per_step` times once every device's
+    replay holds `config.min_replay_items` sampleable positions (zeros for `metric_names`
+    until then). Metrics are averaged over the updates and over `axis_name`."""
+    state = state.replace(replay=replay.add(state.replay, steps, sampleable))
+
+    def train(state):
+        keys = jax.random.split(key, config.updates_per_step)
+        state, metrics = jax.lax.scan(update, state, keys)
+        return state, jax.tree.map(jnp.mean, metrics)
+
+    def wait(state):
+        return state, {name: jnp.zeros((), jnp.float32) for name in metric_names}
+
+    # Every device inserts the same number of positions, but LAST steps are not
+    # sampleable, so devices may disagree on `ready`: all wait for the slowest.
+    size = replay.size(state.replay)
+    ready = size >= config.min_replay_items
+    if axis_name is not None:
+        ready = jax.lax.pmin(ready.astype(jnp.int32), axis_name) > 0
+    state, metrics = jax.lax.cond(ready, train, wait, state)
+    metrics = {**metrics, "replay_size": size.astype(jnp.float32)}
+    if axis_name is not None:
+        metrics = jax.lax.pmean(metrics, axis_name)
+    return state, metrics

@@ -32,7 +32,7 @@ def normalise_latent(x: Array) -> Array:
     return (x - low) / jnp.maximum(high - low, 1e-5)
 
 
-class _MLP(nn.Module):
+class MLP(nn.Module):
     sizes: Sequence[int]
 
     @nn.compact
@@ -59,7 +59,7 @@ class MuZeroNetwork(nn.Module):
 
     num_actions: int
     num_bins: int  # bins of the categorical reward and value supports
-    kind: str = "mlp"  # "mlp" | "resnet"
+    kind: str = "mlp"  # "mlp" | "resnet" | "ez_resnet" (EfficientZero's Atari down-sampling)
     latent_size: int = 64  # MLP latent width
     hidden_sizes: Sequence[int] = (64,)
     channels: int = 32  # conv latent channels
@@ -67,25 +67,42 @@ class MuZeroNetwork(nn.Module):
 
     def setup(self):
         if self.kind == "mlp":
-            self.repr_net = _MLP((*self.hidden_sizes, self.latent_size))
-            self.dyn_net = _MLP((*self.hidden_sizes, self.latent_size))
+            self.repr_net = MLP((*self.hidden_sizes, self.latent_size))
+            self.dyn_net = MLP((*self.hidden_sizes, self.latent_size))
         else:
-            self.repr_down = [nn.Conv(self.channels, (3, 3), strides=(2, 2)),
-                              nn.Conv(self.channels, (3, 3), strides=(2, 2))]
+            if self.kind == "ez_resnet":
+                # EfficientZero's Atari down-sampling (Ye et al., 2021, appendix A.1): a
+                # stride-2 conv to C/2 channels and a residual block, a stride-2 conv to C and a
+                # residual block, then 3x3 average pooling with stride 2 twice, a residual
+                # block between them: 96x96 -> 6x6.
+                self.repr_down = [nn.Conv(self.channels // 2, (3, 3), strides=(2, 2)),
+                                  nn.Conv(self.channels, (3, 3), strides=(2, 2))]
+                self.down_blocks = [_ResBlock(self.channels // 2), _ResBlock(self.channels),
+                                    _ResBlock(self.channels)]
+            else:
+                self.repr_down = [nn.Conv(self.channels, (3, 3), strides=(2, 2)),
+                                  nn.Conv(self.channels, (3, 3), strides=(2, 2))]
             self.repr_blocks = [_ResBlock(self.channels) for _ in range(self.num_blocks)]
             self.dyn_in = nn.Conv(self.channels, (3, 3))
             self.dyn_blocks = [_ResBlock(self.channels) for _ in range(self.num_blocks)]
             self.pred_blocks = [_ResBlock(self.channels) for _ in range(self.num_blocks)]
-        self.reward_head = _Head(self.num_bins, self.hidden_sizes)
-        self.policy_head = _Head(self.num_actions, self.hidden_sizes)
-        self.value_head = _Head(self.num_bins, self.hidden_sizes)
+        self.reward_head = Head(self.num_bins, self.hidden_sizes)
+        self.policy_head = Head(self.num_actions, self.hidden_sizes)
+        self.value_head = Head(self.num_bins, self.hidden_sizes)
 
     def represent(self, observation: Array) -> Array:
         x = _as_float(observation)
         if self.kind == "mlp":
             return normalise_latent(self.repr_net(x.reshape(x.shape[0], -1)))
-        for conv in self.repr_down:
-            x = nn.relu(conv(x))
+        if self.kind == "ez_resnet":
+            x = self.down_blocks[0](nn.relu(self.repr_down[0](x)))
+            x = self.down_blocks[1](nn.relu(self.repr_down[1](x)))
+            x = nn.avg_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            x = self.down_blocks[2](x)
+            x = nn.avg_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+        else:
+            for conv in self.repr_down:
+                x = nn.relu(conv(x))
         for block in self.repr_blocks:
             x = block(x)
         return normalise_latent(x)
@@ -117,7 +134,7 @@ class MuZeroNetwork(nn.Module):
         return self.predict(next_latent), reward_logits
 
 
-class _Head(nn.Module):
+class Head(nn.Module):
     outputs: int
     hidden_sizes: Sequence[int]
 
@@ -134,8 +151,9 @@ def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> MuZero
     kind = config.network
     if kind == "auto":
         kind = "resnet" if len(env_spec.observation.shape) == 3 else "mlp"
-    if kind not in ("mlp", "resnet"):
-        raise ValueError(f"agent.network={config.network!r}: use 'auto', 'mlp' or 'resnet'.")
+    if kind not in ("mlp", "resnet", "ez_resnet"):
+        raise ValueError(f"agent.network={config.network!r}: use 'auto', 'mlp', 'resnet' or "
+                         "'ez_resnet'.")
     return MuZeroNetwork(
         num_actions=env_spec.action.num_values,
         num_bins=2 * config.support_size + 1,

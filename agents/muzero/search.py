@@ -62,6 +62,13 @@ def run_search(network: MuZeroNetwork, params: Params, observation: Array, key: 
     draws, action sampling)."""
     root = root_output(network, params, observation, config.support_size)
     recurrent_fn = make_recurrent_fn(network, config.support_size, config.discount)
+    return search_with(root, recurrent_fn, params, key, config, evaluation=evaluation)
+
+
+def search_with(root: mctx.RootFnOutput, recurrent_fn, params: Params, key: PRNGKey,
+                config: ml_collections.ConfigDict, *, evaluation: bool) -> mctx.PolicyOutput:
+    """The search `config.search` from `root` with the model `recurrent_fn` (any agent's:
+    MuZero's, or EfficientZero's with its value prefix); see `run_search`."""
     if config.search == "gumbel":
         return mctx.gumbel_muzero_policy(
             params, key, root, recurrent_fn,

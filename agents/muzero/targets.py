@@ -30,8 +30,8 @@ def probs_to_scalar(probs: Array, support_size: int) -> Array:
 
 
 def n_step_values(
-    rewards: Array, discounts: Array, step_types: Array, bootstrap: Array, *, n: int,
-    discount: float,
+    rewards: Array, discounts: Array, step_types: Array, bootstrap: Array, *, n: int | Array,
+    discount: float, max_n: int | None = None,
 ) -> Array:
     """n-step value targets z_t for every position t = 0..L-1 of a segment of L timesteps.
 
@@ -46,21 +46,24 @@ def n_step_values(
       discounts: [L] the environment's d_t at o_t (0 at a true terminal).
       step_types: [L] `StepType` of o_t.
       bootstrap: [L] value estimates of o_t (from a target network or a search).
-      n: the number of steps before bootstrapping.
+      n: the number of steps before bootstrapping: an int, or a traced [] int with `max_n`.
       discount: the agent's gamma.
+      max_n: the largest n a traced `n` can take (static); None when `n` is an int.
     """
     chex.assert_rank([rewards, discounts, step_types, bootstrap], 1)
     last = step_types == StepType.LAST
     # A true terminal is worth nothing; a truncated end is worth its estimate.
     boot = jnp.where(last & (discounts == 0), 0.0, bootstrap)
     z = boot
-    for _ in range(n):
+    for i in range(n if max_n is None else max_n):
         later = jnp.concatenate([rewards[1:] + discount * discounts[1:] * z[1:], boot[-1:]])
-        z = jnp.where(last, boot, later)
+        later = jnp.where(last, boot, later)
+        z = later if max_n is None else jnp.where(i < n, later, z)
     return z
 
 
-def bootstrap_indices(step_types: Array, *, num_unroll: int, n: int) -> Array:
+def bootstrap_indices(step_types: Array, *, num_unroll: int, n: int | Array,
+                      max_n: int | None = None) -> Array:
     """Where the n-step target of each unroll step k = 0..K of a window bootstraps.
 
     The window holds the K + n + 1 timesteps from a sampled position; step k's target
@@ -70,15 +73,17 @@ def bootstrap_indices(step_types: Array, *, num_unroll: int, n: int) -> Array:
     Args:
       step_types: [K + n + 1] `StepType` of the window's timesteps.
       num_unroll: K.
-      n: the number of steps before bootstrapping.
+      n: the number of steps before bootstrapping (a traced [] int needs `max_n`).
+      max_n: the window's n when `n` is traced: it holds K + max_n + 1 timesteps.
     Returns:
       [K + 1] int32 window indices.
     """
     chex.assert_rank(step_types, 1)
     length = step_types.shape[0]
-    if length != num_unroll + n + 1:
-        raise ValueError(f"a window of {length} timesteps for K={num_unroll}, n={n}; "
-                         f"expected K + n + 1 = {num_unroll + n + 1}")
+    window_n = n if max_n is None else max_n
+    if length != num_unroll + window_n + 1:
+        raise ValueError(f"a window of {length} timesteps for K={num_unroll}, n={window_n}; "
+                         f"expected K + n + 1 = {num_unroll + window_n + 1}")
     t = jnp.arange(length)
     next_last = jax.lax.cummin(jnp.where(step_types == StepType.LAST, t, length), reverse=True)
     k = jnp.arange(num_unroll + 1)
@@ -99,7 +104,8 @@ class UnrollTargets:
 
 def unroll_targets(
     rewards: Array, discounts: Array, step_types: Array, policies: Array,
-    bootstrap_values: Array, *, num_unroll: int, n: int, discount: float,
+    bootstrap_values: Array, *, num_unroll: int, n: int | Array, discount: float,
+    max_n: int | None = None,
 ) -> UnrollTargets:
     """The targets of the K-step unroll from o_0, the first timestep of a window o_0..o_{K+n}.
 
@@ -117,17 +123,20 @@ def unroll_targets(
       policies: [K+n+1, A] the search policy stored at o_t.
       bootstrap_values: [K+1] value estimates of o_{b_k}, b = `bootstrap_indices(...)`.
       num_unroll: K.
-      n: the number of steps before bootstrapping.
+      n: the number of steps before bootstrapping; a traced [] int (e.g. shortened for old
+        data, EfficientZero's off-policy correction) needs `max_n`, the window's n.
       discount: the agent's gamma.
+      max_n: see `n`.
     """
     chex.assert_rank([rewards, discounts, step_types, policies, bootstrap_values],
                      [1, 1, 1, 2, 1])
     k1 = num_unroll + 1
     length = rewards.shape[0]
     chex.assert_shape(bootstrap_values, (k1,))
-    b = bootstrap_indices(step_types, num_unroll=num_unroll, n=n)
+    b = bootstrap_indices(step_types, num_unroll=num_unroll, n=n, max_n=max_n)
     boot = jnp.zeros((length,), jnp.float32).at[b].set(bootstrap_values)
-    z = n_step_values(rewards, discounts, step_types, boot, n=n, discount=discount)[:k1]
+    z = n_step_values(rewards, discounts, step_types, boot, n=n, discount=discount,
+                      max_n=max_n)[:k1]
     last = step_types[:k1] == StepType.LAST
     terminal = last & (discounts[:k1] == 0)
     ended_before = (jnp.cumsum(last) - last) > 0  # a LAST at an earlier unroll step

@@ -22,8 +22,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.seed = 0  # with config and devices, fixes a fixed-lag run (README: Determinism)
     config.env = ml_collections.ConfigDict()
     config.env.task = "Pong-v5"  # any envpool Atari task id ("<Game>-v5")
-    config.env.protocol = "impala"  # "impala" | "machado" (sebulba.ATARI_PROTOCOLS)
+    config.env.protocol = "impala"  # "impala" | "machado" | "atari100k"[_grey] (ATARI_PROTOCOLS)
     config.env.kwargs = ml_collections.ConfigDict()  # envpool options over the protocol's (recorded)
+    # Evaluation's options over those (recorded), e.g. episodic_life=False for whole games.
+    config.env.eval_kwargs = ml_collections.ConfigDict()
     config.env.num_threads = 0  # envpool C++ threads per actor thread; 0 = envpool's default
     config.agent = vtrace.default_config()
     config.agent.torso = "resnet"  # IMPALA deep residual torso; "conv" for the shallow one

@@ -19,6 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.env.task = "CartPole-v1"  # any envpool task id with discrete actions
     config.env.protocol = "none"  # Atari only: a name in sebulba.ATARI_PROTOCOLS
     config.env.kwargs = ml_collections.ConfigDict()  # extra envpool options, over the protocol's
+    config.env.eval_kwargs = ml_collections.ConfigDict()  # evaluation's options over those
     config.env.num_threads = 1  # envpool C++ threads per actor thread; 0 = envpool's default
     config.agent = vtrace.default_config()
     config.agent.hidden_sizes = (64, 64)

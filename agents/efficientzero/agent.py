@@ -1,0 +1,164 @@
+"""EfficientZero (Ye et al., 2021) as the three pure functions of `podracer.agent.Agent`,
+assembled from MuZero's pieces and this package's additions, each behind a switch:
+
+    value_prefix       LSTM value prefix instead of per-step rewards (search and learning)
+    consistency        SimSiam consistency between g's latents and h of the real observations
+    td_age_interval    off-policy correction: n shortened with the data's age (0: off)
+    reanalyse_fraction share of each batch whose policy and bootstrap values are recomputed
+                       by a search with the target network (paper: all)
+    augment            random shift and intensity of image observations
+    refresh_interval   SpeedyZero's Priority Refresh every N updates (0: off)
+    optimizer          "adamw" or SpeedyZero's "clipped_lars" (`podracer.optim`)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from agents import muzero
+from agents.efficientzero import learning
+from agents.efficientzero.networks import EfficientZeroNetwork, make_ez_network
+from agents.efficientzero.search import run_search
+from agents.hparams import replace_hparams
+from agents.muzero.learning import LearnerState
+from podracer import optim
+from podracer.agent import Agent
+from podracer.config import ConfigError
+from podracer.types import Array, EnvSpec, Metrics, PRNGKey, Trajectory
+
+OPTIMIZER_HPARAMS = muzero.OPTIMIZER_HPARAMS
+LOSS_HPARAMS = muzero.LOSS_HPARAMS + ("consistency_cost",)
+SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
+METRIC_NAMES = muzero.METRIC_NAMES + ("consistency_loss", "td_steps")
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """MuZero's fields (`agents.muzero.default_config`) and EfficientZero's, one comment
+    each; defaults follow the paper where it is specific."""
+    c = muzero.default_config()
+    c.name = "efficientzero"
+    # Value prefix.
+    c.value_prefix = True
+    c.value_prefix_horizon = 5  # H: the LSTM restarts every H unroll (and search) steps
+    c.lstm_size = 64
+    # Self-supervised consistency.
+    c.consistency = True
+    c.consistency_cost = 2.0  # sweepable
+    c.projection_hidden = 128
+    c.projection_size = 128
+    # Off-policy correction: n = clip(td_steps - floor(age / td_age_interval), td_steps_min,
+    # td_steps), age in environment steps since the data was stored (Atari 100k: 5, 1,
+    # 30,000). 0 turns it off (n = td_steps always).
+    c.td_steps = 5
+    c.td_steps_min = 1
+    c.td_age_interval = 0
+    c.reanalyse_fraction = 1.0  # the paper reanalyses every sample
+    # Augmentation of image observations (ignored for other observations).
+    c.augment = True
+    c.augment_shift = 4  # pixels
+    c.augment_intensity = 0.05
+    # Per-unroll-step gradient scale 1/K on the predictions past step 0 (MuZero appendix G).
+    c.unroll_gradient_scale = True
+    # Priority Refresh (SpeedyZero): every refresh_interval updates (0: never), all stored
+    # positions' priorities are recomputed, refresh_batch windows at a time.
+    c.refresh_interval = 0
+    c.refresh_batch = 256
+    # Optimiser: "adamw" (with global-norm clipping) or "clipped_lars" (global-norm clipping,
+    # then the clipped trust ratio, momentum and the learning rate).
+    c.optimizer = "adamw"
+    c.lars_eta = 0.001  # LARS trust coefficient
+    c.lars_momentum = 0.9
+    return c
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """The optimiser `config.optimizer`, its hyperparameters held in its state."""
+    if config.optimizer == "adamw":
+        return muzero.make_optimizer(config)
+    if config.optimizer != "clipped_lars":
+        raise ConfigError("agent.optimizer", f"is {config.optimizer!r}",
+                          "use 'adamw' or 'clipped_lars'")
+
+    def chain(learning_rate, max_grad_norm, weight_decay):
+        return optax.chain(optax.clip_by_global_norm(max_grad_norm),
+                           optim.clipped_lars(learning_rate, eta=config.lars_eta,
+                                              momentum=config.lars_momentum,
+                                              weight_decay=weight_decay))
+
+    return optax.inject_hyperparams(chain)(
+        **{name: float(config[name]) for name in OPTIMIZER_HPARAMS})
+
+
+def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> LearnerState:
+    return replace_hparams(learner_state, hparams, optimizer_hparams=OPTIMIZER_HPARAMS,
+                           loss_hparams=LOSS_HPARAMS, agent_name="EfficientZero")
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Raises `ConfigError` naming the first EfficientZero field that cannot work."""
+    if config.value_prefix and config.value_prefix_horizon < 1:
+        raise ConfigError("agent.value_prefix_horizon", f"is {config.value_prefix_horizon}",
+                          "use at least 1 (the paper: 5)")
+    if config.td_age_interval < 0:
+        raise ConfigError("agent.td_age_interval", f"is {config.td_age_interval}",
+                          "use 0 (off) or a number of environment steps (the paper: 30000)")
+    if not 1 <= config.td_steps_min <= config.td_steps:
+        raise ConfigError("agent.td_steps_min", f"is {config.td_steps_min}",
+                          f"use 1 .. td_steps ({config.td_steps})")
+    if config.refresh_interval < 0 or config.refresh_batch < 1:
+        raise ConfigError("agent.refresh_interval",
+                          f"is {config.refresh_interval} with refresh_batch "
+                          f"{config.refresh_batch}",
+                          "use refresh_interval >= 0 (0: off) and refresh_batch >= 1")
+
+
+def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
+    validate(config)
+    network: EfficientZeroNetwork = make_ez_network(config, env_spec)
+    optimizer = make_optimizer(config)
+    replay, example_step, history = muzero.make_replay(
+        config, env_spec, extra_fields={"collected_at": jax.ShapeDtypeStruct((), jnp.int32)})
+    frames_once = muzero.stores_frames_once(config, env_spec)
+
+    search = lambda params, observation, key, evaluation: run_search(
+        network, params, observation, key, config, evaluation=evaluation)
+    actor_step = muzero.make_actor_step(search)
+    init = lambda key, spec=env_spec: muzero.init_learner_state(
+        network, optimizer, replay, example_step, {k: config[k] for k in LOSS_HPARAMS}, key, spec)
+
+    def learner_step(state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
+                     axis_name: str | None) -> tuple[LearnerState, Metrics]:
+        muzero.check_trajectory(config, state, trajectory)
+        t, b = trajectory.action.shape[:2]
+        devices = 1 if axis_name is None else jax.lax.psum(1, axis_name)
+        steps, sampleable = muzero.to_replay_steps(trajectory, frames_once=frames_once)
+        # The add this trajectory becomes (the replay counts adds): its data's birth date.
+        steps["collected_at"] = jnp.full((t, b), state.replay.adds + 1, jnp.int32)
+        update = lambda s, k: learning.learner_update(
+            network, optimizer, replay, config, s, k, history=history,
+            steps_per_add=t * b * devices, axis_name=axis_name)
+        before = state.updates
+        state, metrics = muzero.learner_step(update, replay, config, state, steps, sampleable,
+                                             key, metric_names=METRIC_NAMES,
+                                             axis_name=axis_name)
+        if config.refresh_interval > 0:
+            due = state.updates // config.refresh_interval > before // config.refresh_interval
+            state = jax.lax.cond(
+                due, lambda s: learning.refresh_priorities(network, replay, config, s,
+                                                           history=history),
+                lambda s: s, state)
+            metrics = {**metrics, "priority_refreshes": due.astype(jnp.float32)}
+        return state, metrics
+
+    return Agent(
+        init=init,
+        actor_step=actor_step,
+        learner_step=learner_step,
+        init_actor_state=lambda batch_size: (),
+        actor_params=lambda state: state.params,
+        set_hparams=set_hparams,
+        sweepable=SWEEPABLE,
+    )

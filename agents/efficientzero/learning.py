@@ -1,0 +1,263 @@
+"""EfficientZero's learning, built from MuZero's pieces (`agents.muzero.learning`):
+
+    value_prefix_targets   rewards of an unroll -> sums since the last LSTM reset
+    td_horizon             n of each sample's value target, shortened with its data's age
+    augment                random shift and intensity of image observations, on the device
+    unroll_model           MuZero's unroll with the value prefix, per-step gradient scaling,
+                           and the dynamics latents the consistency loss needs
+    consistency_loss       SimSiam: -cos(predictor(projector(g's latent)),
+                           stop_gradient(projector(h(o_{t+k}))))
+    learner_update         MuZero's sampling, targets (Reanalyse through EfficientZero's search)
+                           and gradient step, with the three losses added
+    refresh_priorities     Priority Refresh (SpeedyZero): every stored position's |v - z|
+"""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from agents.efficientzero import search as ez_search
+from agents.efficientzero.networks import EfficientZeroNetwork, initial_carry, reset_carry
+from agents.muzero import learning as mz
+from agents.muzero import losses as mz_losses
+from agents.muzero import targets as tgt
+from agents.muzero.search import value_to_scalar
+from podracer import position_replay as pr
+from podracer.types import Array, Metrics, Params, PRNGKey, StepType
+
+
+def scale_gradient(x: Array, scale: float) -> Array:
+    """`x` forwards; its gradient is multiplied by `scale` (MuZero pseudocode)."""
+    return x * scale + jax.lax.stop_gradient(x) * (1.0 - scale)
+
+
+def value_prefix_targets(rewards: Array, horizon: int) -> Array:
+    """[K+1] the value prefix at each unroll step k: r_{j+1} + ... + r_k, j = H floor((k-1)/H)
+    the last reset before k (0 at k = 0).
+
+    Args:
+      rewards: [K+1] the reward targets into each unroll step (step 0: unused).
+      horizon: H, the LSTM's reset interval.
+    """
+    chex.assert_rank(rewards, 1)
+    k = jnp.arange(rewards.shape[0])
+    running = jnp.cumsum(rewards.at[0].set(0.0))
+    last_reset = horizon * (jnp.maximum(k - 1, 0) // horizon)
+    return jnp.where(k == 0, 0.0, running - running[last_reset])
+
+
+def td_horizon(config: ml_collections.ConfigDict, age: Array) -> Array:
+    """[S] int32 n of each value target: `td_steps` shortened by one for every
+    `td_age_interval` environment steps of `age` ([S]), at least `td_steps_min`
+    (EfficientZero, Atari 100k: n = clip(5 - floor(age / 30,000), 1, 5))."""
+    n = config.td_steps - age // config.td_age_interval
+    return jnp.clip(n, config.td_steps_min, config.td_steps).astype(jnp.int32)
+
+
+def augment(observations: Array, key: PRNGKey, *, shift: int, intensity: float) -> Array:
+    """Random shift (pad `shift` pixels by repeating the edge, crop back at a random offset)
+    and random intensity (x (1 + intensity * clip(N(0, 1), -2, 2))) of image observations
+    `[S, M, H, W, C]`, one draw per sample shared by its M steps. Returns float32 in the
+    network's input scale (uint8 frames divided by 255)."""
+    chex.assert_rank(observations, 5)
+    x = observations.astype(jnp.float32)
+    if observations.dtype == jnp.uint8:
+        x = x / 255.0
+    s, _, h, w, _ = x.shape
+    shift_key, scale_key = jax.random.split(key)
+    if shift:
+        padded = jnp.pad(x, ((0, 0), (0, 0), (shift, shift), (shift, shift), (0, 0)), "edge")
+        offsets = jax.random.randint(shift_key, (s, 2), 0, 2 * shift + 1)
+        x = jax.vmap(lambda img, o: jax.lax.dynamic_slice(
+            img, (0, o[0], o[1], 0), (img.shape[0], h, w, img.shape[-1])))(padded, offsets)
+    if intensity:
+        noise = jnp.clip(jax.random.normal(scale_key, (s, 1, 1, 1, 1)), -2.0, 2.0)
+        x = x * (1.0 + intensity * noise)
+    return x
+
+
+@chex.dataclass(frozen=True)
+class UnrollOutput:
+    policy_logits: Array  # [B, K+1, A]
+    value_logits: Array  # [B, K+1, 2S+1]
+    reward_logits: Array  # [B, K+1, 2S+1] value prefix (or per-step reward) logits; step 0 zeros
+    latents: Array  # [B, K, ...] the dynamics' latents at steps 1..K
+
+
+def unroll_model(network: EfficientZeroNetwork, params: Params, observation: Array,
+                 actions: Array, config: ml_collections.ConfigDict) -> UnrollOutput:
+    """MuZero's K-step unroll (half the gradient into each dynamics step) where the reward
+    head is the value-prefix LSTM (reset after every `value_prefix_horizon` steps, as in
+    search) when `config.value_prefix`, and, with `config.unroll_gradient_scale`, the
+    gradient of every prediction past step 0 is scaled by 1/K (MuZero appendix G)."""
+    chex.assert_rank(actions, 2)
+    num_unroll = actions.shape[1]
+    step_scale = 1.0 / num_unroll if config.unroll_gradient_scale and num_unroll else 1.0
+    latent = network.apply(params, observation, method="represent")
+    carry = initial_carry(observation.shape[0], config.lstm_size)
+    policies, values, rewards, latents = [], [], [], []
+    for k in range(num_unroll + 1):
+        policy_logits, value_logits = network.apply(params, latent, method="predict")
+        if k > 0:
+            policy_logits = scale_gradient(policy_logits, step_scale)
+            value_logits = scale_gradient(value_logits, step_scale)
+        policies.append(policy_logits)
+        values.append(value_logits)
+        if k == num_unroll:
+            break
+        reward_logits, latent = network.apply(params, latent, actions[:, k], method="dynamics")
+        latent = scale_gradient(latent, 0.5)
+        if config.value_prefix:
+            reward_logits, carry = network.apply(params, latent, carry, method="prefix")
+            reset = jnp.full((observation.shape[0],), (k + 1) % config.value_prefix_horizon == 0)
+            carry = reset_carry(carry, reset)
+        rewards.append(scale_gradient(reward_logits, step_scale))
+        latents.append(latent)
+    rewards = [jnp.zeros_like(values[0])] + rewards
+    stack = lambda xs: jnp.stack(xs, axis=1)
+    return UnrollOutput(policy_logits=stack(policies), value_logits=stack(values),
+                        reward_logits=stack(rewards), latents=stack(latents))
+
+
+def consistency_loss(network: EfficientZeroNetwork, params: Params, latents: Array,
+                     target_observations: Array, mask: Array, *, step_scale: float) -> Array:
+    """[B] sum over k = 1..K of mask_k * -cos(p_k, z_k): p_k = predictor(projector(s_k)) of
+    the dynamics' latent s_k, z_k = projector(h(o_k)) of the real observation at step k with
+    the same parameters, gradient stopped (EfficientZero's SimSiam loss).
+
+    Args:
+      latents: [B, K, ...] the dynamics' latents.
+      target_observations: [B, K, ...] o_1..o_K.
+      mask: [B, K] 1 where o_k belongs to the episode of o_0.
+      step_scale: gradient scale of each step's online branch.
+    """
+    b, k = latents.shape[:2]
+    flat = lambda x: x.reshape((b * k,) + x.shape[2:])
+    online = network.apply(params, network.apply(params, flat(latents), method="project"),
+                           method="project_predict")
+    online = scale_gradient(online, step_scale)
+    target_latent = network.apply(params, flat(target_observations), method="represent")
+    target = jax.lax.stop_gradient(network.apply(params, target_latent, method="project"))
+    normalise = lambda x: x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-8)
+    cosine = jnp.sum(normalise(online) * normalise(target), axis=-1).reshape(b, k)
+    return -jnp.sum(mask * cosine, axis=1)
+
+
+def same_episode(step_types: Array, num_unroll: int) -> Array:
+    """[S, K] 1.0 where o_k (k = 1..K) follows o_0 with no episode end before it."""
+    last = (step_types[:, :num_unroll] == StepType.LAST).astype(jnp.int32)
+    return (jnp.cumsum(last, axis=1) == 0).astype(jnp.float32)
+
+
+def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTransformation,
+                   replay: pr.PositionReplay, config: ml_collections.ConfigDict,
+                   state: mz.LearnerState, key: PRNGKey, *, history: int,
+                   steps_per_add: Array | int, axis_name: str | None
+                   ) -> tuple[mz.LearnerState, Metrics]:
+    """One EfficientZero update: MuZero's (`agents.muzero.learning.learner_update`) with
+    value-prefix targets, the consistency loss, n shortened by the data's age (its
+    environment steps: replay adds since it was stored times `steps_per_add`), Reanalyse
+    through EfficientZero's search and augmented images."""
+    sample_key, reanalyse_key, augment_key = jax.random.split(key, 3)
+    hp = state.hparams
+    k = config.unroll_steps
+    sample = mz.sample_positions(replay, config, state, sample_key)
+    windows = sample.windows
+    n = None
+    if config.td_age_interval > 0:
+        age = (state.replay.adds - windows["collected_at"][:, history]) * steps_per_add
+        n = td_horizon(config, age)
+    search = functools.partial(_reanalyse_search, network, config)
+    targets = mz.batch_targets(network, state.target_params, windows, reanalyse_key, config,
+                               history=history, n=n, search=search)
+    if config.value_prefix:
+        targets = targets.replace(reward=jax.vmap(functools.partial(
+            value_prefix_targets, horizon=config.value_prefix_horizon))(targets.reward))
+    s = config.batch_size
+    steps = jnp.broadcast_to(jnp.arange(k + 1), (s, k + 1))
+    observations = mz.observations_at(windows, history + steps, history=history)
+    if config.augment and observations.ndim == 5:
+        observations = augment(observations, augment_key, shift=config.augment_shift,
+                               intensity=config.augment_intensity)
+    actions = windows["action"][:, history:history + k]
+    mask = same_episode(windows["step_type"][:, history:].astype(jnp.int32), k)
+    step_scale = 1.0 / k if config.unroll_gradient_scale and k else 1.0
+
+    def loss_fn(params):
+        out = unroll_model(network, params, observations[:, 0], actions, config)
+        per_example = jax.vmap(functools.partial(
+            mz_losses.unroll_loss, support_size=config.support_size,
+            value_cost=hp["value_cost"]))(out.policy_logits, out.value_logits,
+                                          out.reward_logits, targets)
+        consistency = jnp.zeros((s,), jnp.float32)
+        if config.consistency and k:
+            consistency = consistency_loss(network, params, out.latents, observations[:, 1:],
+                                           mask, step_scale=step_scale) / (k + 1)
+        total = per_example.loss + hp["consistency_cost"] * consistency
+        value = value_to_scalar(out.value_logits[:, 0], config.support_size)
+        return jnp.mean(sample.weights * total), (jnp.abs(value - targets.value[:, 0]),
+                                                  per_example, consistency)
+
+    grads, (priorities, per_example, consistency) = jax.grad(loss_fn, has_aux=True)(
+        state.params)
+    new_state = mz.apply_gradients(optimizer, config, state, grads, axis_name=axis_name)
+    metrics = {
+        "loss": jnp.mean(sample.weights * (per_example.loss
+                                           + hp["consistency_cost"] * consistency)),
+        "value_loss": jnp.mean(per_example.value_loss) / (k + 1),
+        "policy_loss": jnp.mean(per_example.policy_loss) / (k + 1),
+        "reward_loss": jnp.mean(per_example.reward_loss) / max(k, 1),
+        "consistency_loss": jnp.mean(consistency),
+        "grad_norm": optax.tree.norm(grads),
+        "mean_priority": jnp.mean(priorities),
+        "importance_exponent": mz.sample_beta(config, state),
+        "td_steps": jnp.mean(n) if n is not None else jnp.float32(config.td_steps),
+    }
+    new_state = new_state.replace(
+        replay=replay.update(state.replay, sample.slots, sample.positions, priorities))
+    return new_state, metrics
+
+
+def _reanalyse_search(network, config, params, observation, key):
+    return ez_search.run_search(network, params, observation, key, config, evaluation=False)
+
+
+def window_priorities(network: EfficientZeroNetwork, params: Params, target_params: Params,
+                      windows: dict, config: ml_collections.ConfigDict, *, history: int,
+                      period: int) -> Array:
+    """[b, T] |v(o_u) - z_u| of the T positions each stored window ([b, L, ...]) owns: v from
+    `params`, z the `td_steps`-step target bootstrapping from `target_params`' values."""
+    length = windows["step_type"].shape[1]
+    b = windows["step_type"].shape[0]
+    where = jnp.broadcast_to(jnp.arange(history, length), (b, length - history))
+    observations = mz.observations_at(windows, where, history=history)
+    flat = observations.reshape((-1,) + observations.shape[2:])
+
+    def values(p):
+        latent = network.apply(p, flat, method="represent")
+        _, value_logits = network.apply(p, latent, method="predict")
+        return value_to_scalar(value_logits, config.support_size).reshape(where.shape)
+
+    ahead = jax.tree.map(lambda x: x[:, history:], windows)
+    z = jax.vmap(functools.partial(tgt.n_step_values, n=config.td_steps,
+                                   discount=config.discount))(
+        ahead["reward"], ahead["discount"], ahead["step_type"].astype(jnp.int32),
+        values(target_params))
+    return jnp.abs(values(params) - z)[:, :period]
+
+
+def refresh_priorities(network: EfficientZeroNetwork, replay: pr.PositionReplay,
+                       config: ml_collections.ConfigDict, state: mz.LearnerState, *,
+                       history: int) -> mz.LearnerState:
+    """Priority Refresh (SpeedyZero): every stored position's priority recomputed with the
+    current networks, `config.refresh_batch` windows at a time."""
+    period = config.rollout_length
+    fn = functools.partial(window_priorities, network, state.params, state.target_params,
+                           config=config, history=history, period=period)
+    return state.replace(replay=replay.refresh(state.replay, fn, config.refresh_batch))

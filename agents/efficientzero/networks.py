@@ -1,0 +1,98 @@
+"""EfficientZero's networks (Ye et al., 2021): MuZero's h, g and f, plus a value-prefix LSTM
+and SimSiam-style projection heads.
+
+    represent(o) -> s                        MuZero's h
+    dynamics(s, a) -> (reward logits, s')    MuZero's g (its reward head is used when the
+                                             value prefix is switched off)
+    predict(s) -> (policy logits, value logits)   MuZero's f
+    prefix(s', carry) -> (prefix logits, carry')  LSTM over the unrolled latents: the sum of
+                                             rewards since the last reset of `carry`
+    project(s) -> z;  project_predict(z) -> p     the consistency loss's projector and predictor
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from agents.muzero.networks import Head, MuZeroNetwork, make_network
+from podracer.types import Array, EnvSpec
+
+LSTMCarry = tuple[Array, Array]  # (c, h), each [B, lstm_size]
+
+
+class _Projection(nn.Module):
+    """Linear-LayerNorm-ReLU layers then a linear (and normalised) output, SimSiam's shape."""
+
+    hidden: int
+    output: int
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        x = nn.relu(nn.LayerNorm()(nn.Dense(self.hidden)(x)))
+        return nn.LayerNorm()(nn.Dense(self.output)(x))
+
+
+class EfficientZeroNetwork(nn.Module):
+    muzero: MuZeroNetwork
+    lstm_size: int = 64
+    projection_hidden: int = 128
+    projection_size: int = 128
+
+    def setup(self):
+        self.model = self.muzero  # h, g, f
+        self.lstm = nn.OptimizedLSTMCell(self.lstm_size)
+        self.prefix_head = Head(self.muzero.num_bins, tuple(self.muzero.hidden_sizes))
+        self.projector = _Projection(self.projection_hidden, self.projection_size)
+        self.predictor = nn.Sequential([nn.Dense(self.projection_hidden), nn.LayerNorm(),
+                                        nn.relu, nn.Dense(self.projection_size)])
+
+    def represent(self, observation: Array) -> Array:
+        return self.model.represent(observation)
+
+    def dynamics(self, latent: Array, action: Array) -> tuple[Array, Array]:
+        return self.model.dynamics(latent, action)
+
+    def predict(self, latent: Array) -> tuple[Array, Array]:
+        return self.model.predict(latent)
+
+    def prefix(self, latent: Array, carry: LSTMCarry) -> tuple[Array, LSTMCarry]:
+        carry, h = self.lstm(carry, latent.reshape(latent.shape[0], -1))
+        return self.prefix_head(nn.relu(h)), carry
+
+    def project(self, latent: Array) -> Array:
+        return self.projector(latent.reshape(latent.shape[0], -1))
+
+    def project_predict(self, projection: Array) -> Array:
+        return self.predictor(projection)
+
+    def __call__(self, observation: Array, action: Array):
+        latent = self.represent(observation)
+        _, next_latent = self.dynamics(latent, action)
+        prefix_logits, _ = self.prefix(next_latent, initial_carry(latent.shape[0],
+                                                                  self.lstm_size))
+        return (self.predict(next_latent), prefix_logits,
+                self.project_predict(self.project(next_latent)))
+
+
+def initial_carry(batch_size: int, lstm_size: int) -> LSTMCarry:
+    """The LSTM state at a reset: zeros."""
+    zeros = jnp.zeros((batch_size, lstm_size), jnp.float32)
+    return zeros, zeros
+
+
+def reset_carry(carry: LSTMCarry, reset: Array) -> LSTMCarry:
+    """`carry` with the rows where `reset` ([B] bool) is set back to zeros."""
+    return jax.tree.map(lambda x: jnp.where(reset[:, None], 0.0, x), carry)
+
+
+def make_ez_network(config: ml_collections.ConfigDict, env_spec: EnvSpec
+                    ) -> EfficientZeroNetwork:
+    return EfficientZeroNetwork(
+        muzero=make_network(config, env_spec),
+        lstm_size=config.lstm_size,
+        projection_hidden=config.projection_hidden,
+        projection_size=config.projection_size,
+    )

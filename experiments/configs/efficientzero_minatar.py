@@ -1,0 +1,30 @@
+"""EfficientZero on MinAtar Breakout (gymnax's JAX port) with Anakin: the setting of
+`muzero_minatar.py` with the value prefix and the consistency loss.
+
+    python -m experiments.anakin --config=experiments/configs/efficientzero_minatar.py --workdir=/tmp/ez
+
+Needs the gymnax extra (`pip install -e '.[gymnax]'`).
+"""
+
+import ml_collections
+
+from agents import efficientzero
+from experiments.configs import muzero_minatar
+
+SHARED = ("network", "num_simulations", "search", "discount", "hidden_sizes", "latent_size",
+          "learning_rate", "value_cost", "batch_size", "updates_per_step", "priority_exponent",
+          "importance_exponent", "importance_anneal_updates", "replay_capacity",
+          "min_replay_items", "target_update_interval", "unroll_steps")
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = muzero_minatar.get_config()
+    mz = config.agent
+    config.agent = efficientzero.default_config()
+    for field in SHARED:
+        config.agent[field] = mz[field]
+    config.agent.rollout_length = config.get_ref("rollout_length")
+    config.agent.td_steps = 5  # EfficientZero's n
+    config.agent.reanalyse_fraction = 0.0
+    config.agent.unroll_gradient_scale = False
+    return config

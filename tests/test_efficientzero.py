@@ -1,0 +1,327 @@
+"""EfficientZero: value prefix (targets and search rewards), consistency loss, off-policy
+correction, Priority Refresh, ablation switches, and learning in both architectures."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import agents
+from agents import efficientzero as ez
+from agents import muzero
+from podracer import position_replay as pr
+from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, StepType, TimeStep, Trajectory
+
+SPEC = EnvSpec(observation=ArraySpec((6, 4), np.float32), action=DiscreteSpec(3))
+IMAGE_SPEC = EnvSpec(observation=ArraySpec((16, 16, 2), np.uint8), action=DiscreteSpec(3))
+
+
+def small_config(**changes):
+    config = ez.default_config()
+    config.hidden_sizes = (16,)
+    config.latent_size = 16
+    config.lstm_size = 8
+    config.projection_hidden = 8
+    config.projection_size = 8
+    config.channels = 8
+    config.num_blocks = 1
+    config.num_simulations = 4
+    config.unroll_steps = 3
+    config.td_steps = 3
+    config.rollout_length = 4
+    config.batch_size = 8
+    config.replay_capacity = 32
+    config.min_replay_items = 1
+    config.reanalyse_fraction = 0.5
+    for name, value in changes.items():
+        config[name] = value
+    return config
+
+
+def perturbed_params(network, key, observation):
+    # Zero-initialised output heads make every prediction 0 at the start; random weights make
+    # the hand computations below meaningful.
+    params = network.init(key, observation, jnp.zeros((observation.shape[0],), jnp.int32))
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(7), len(leaves))
+    return jax.tree.unflatten(tree, [x + 0.5 * jax.random.normal(k, x.shape)
+                                     for x, k in zip(leaves, keys)])
+
+
+def test_value_prefix_targets_sum_rewards_since_the_last_reset():
+    rewards = jnp.array([9.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0])  # r_0 is never used
+    # H = 3: resets after steps 3 and 6. k=1: 1; k=2: 1+2; k=3: 1+2+3; k=4: 4; k=5: 4+5;
+    # k=6: 4+5+6.
+    np.testing.assert_allclose(ez.value_prefix_targets(rewards, 3), [0, 1, 3, 6, 4, 9, 15])
+    # H = 1: every prefix is one reward.
+    np.testing.assert_allclose(ez.value_prefix_targets(rewards, 1), [0, 1, 2, 3, 4, 5, 6])
+
+
+def test_search_rewards_recovered_from_prefixes_match_a_hand_computation():
+    # H = 2: nodes at depths 1 and 3 follow a parent that is not a restart, 2 and 4 one that is.
+    horizon = 2
+    config = small_config(value_prefix_horizon=horizon, num_simulations=24)
+    network = ez.make_ez_network(config, SPEC)
+    observation = jax.random.normal(jax.random.key(1), (2, 6, 4))
+    params = perturbed_params(network, jax.random.key(0), observation)
+    out = ez.run_search(network, params, observation, jax.random.key(2), config,
+                        evaluation=True)
+    tree = out.search_tree
+    parents, actions = np.asarray(tree.parents), np.asarray(tree.action_from_parent)
+    rewards = np.asarray(tree.children_rewards)
+
+    @jax.jit
+    def model_step(latent, action, carry):  # one step of the model, outside any search
+        _, latent = network.apply(params, latent, action, method="dynamics")
+        logits, carry = network.apply(params, latent, carry, method="prefix")
+        return latent, carry, muzero.value_to_scalar(logits, config.support_size)[0]
+
+    checked = 0
+    for b in range(2):
+        for node in range(1, parents.shape[1]):
+            if parents[b, node] < 0:
+                continue
+            path = []
+            walk = node
+            while walk > 0:
+                path.append(int(actions[b, walk]))
+                walk = int(parents[b, walk])
+            path = path[::-1]
+            # By hand: unroll the path; the LSTM restarts (zeros) at depths that are multiples
+            # of H; the reward into depth d is p_d - p_{d-1}, or p_d when d - 1 is a restart.
+            latent = network.apply(params, observation[b:b + 1], method="represent")
+            carry = ez.initial_carry(1, config.lstm_size)
+            previous = 0.0
+            for depth, action in enumerate(path, start=1):
+                latent, carry, prefix = model_step(latent, jnp.array([action]), carry)
+                prefix = float(prefix)
+                expected = prefix - previous
+                previous = prefix
+                if depth % horizon == 0:
+                    carry, previous = ez.initial_carry(1, config.lstm_size), 0.0
+            parent = int(parents[b, node])
+            # Batched and single-row matrix products round differently (measured up to
+            # 4e-5 here); a wrong prefix rule is off by a whole prefix (0.1-1).
+            np.testing.assert_allclose(rewards[b, parent, path[-1]], expected, rtol=1e-3,
+                                       atol=1e-4)
+            checked += 1
+    assert checked >= 40
+    assert np.abs(rewards).max() > 1e-3  # the rewards are not all zero
+
+
+def test_consistency_gradient_reaches_only_the_online_branch():
+    config = small_config()
+    network = ez.make_ez_network(config, SPEC)
+    observation = jax.random.normal(jax.random.key(1), (4, 6, 4))
+    params = perturbed_params(network, jax.random.key(0), observation)
+    latents = network.apply(params, observation, method="represent")[:, None]  # [B, K=1, ...]
+    targets = jax.random.normal(jax.random.key(3), (4, 1, 6, 4))
+    mask = jnp.ones((4, 1))
+    loss = jax.jit(lambda p, lat, tgt: jnp.sum(ez.consistency_loss(network, p, lat, tgt, mask,
+                                                                   step_scale=1.0)))
+    # No gradient flows into the real observations' branch...
+    np.testing.assert_array_equal(jax.grad(loss, argnums=2)(params, latents, targets), 0.0)
+    # ...but it does into the dynamics' latents (the online branch).
+    assert float(jnp.abs(jax.grad(loss, argnums=1)(params, latents, targets)).max()) > 0
+
+    # The parameters' gradient equals that of the same loss with the target projection
+    # computed beforehand as a constant.
+    fixed = network.apply(params, network.apply(params, targets[:, 0], method="represent"),
+                          method="project")
+
+    @jax.jit
+    def by_hand(p):
+        online = network.apply(p, network.apply(p, latents[:, 0], method="project"),
+                               method="project_predict")
+        unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+        return -jnp.sum(unit(online) * unit(fixed))
+
+    for got, want in zip(jax.tree.leaves(jax.grad(loss)(params, latents, targets)),
+                         jax.tree.leaves(jax.grad(by_hand)(params))):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    # The representation h is reached only through the target branch here, so its gradient
+    # is zero; the projector and predictor learn.
+    grads = jax.grad(loss)(params, latents, targets)["params"]
+    assert all(float(jnp.abs(g).max()) == 0 for g in jax.tree.leaves(grads["muzero"]))
+    assert float(jnp.abs(jax.tree.leaves(grads["predictor"])[0]).max()) > 0
+
+
+def test_td_horizon_shrinks_with_the_age_of_the_data():
+    config = small_config(td_steps=5, td_steps_min=1, td_age_interval=30_000)
+    ages = jnp.array([0, 29_999, 30_000, 65_000, 119_999, 10**6])
+    # n = clip(5 - floor(age / 30,000), 1, 5).
+    np.testing.assert_array_equal(ez.td_horizon(config, ages), [5, 5, 4, 3, 2, 1])
+
+
+def test_unroll_targets_with_a_traced_n_match_a_hand_computation():
+    # Window of K + max_n + 1 = 1 + 3 + 1 = 5 timesteps, no episode end; gamma = 0.5.
+    rewards = jnp.array([0.0, 1.0, 2.0, 4.0, 8.0])
+    discounts = jnp.ones(5)
+    steps = jnp.full((5,), StepType.MID)
+    policies = jnp.full((5, 2), 0.5)
+    for n, boot in [(1, [10.0, 20.0]), (2, [10.0, 20.0]), (3, [10.0, 20.0])]:
+        targets = muzero.unroll_targets(rewards, discounts, steps, policies, jnp.array(boot),
+                                        num_unroll=1, n=jnp.int32(n), discount=0.5, max_n=3)
+        # z_0 = sum_{j<n} 0.5^j r_{1+j} + 0.5^n b(o_n); z_1 likewise from o_1.
+        z0 = sum(0.5 ** j * float(rewards[1 + j]) for j in range(n)) + 0.5 ** n * boot[0]
+        z1 = sum(0.5 ** j * float(rewards[2 + j]) for j in range(n)) + 0.5 ** n * boot[1]
+        np.testing.assert_allclose(targets.value, [z0, z1], rtol=1e-6)
+
+
+def test_priority_refresh_recomputes_every_sampleable_position():
+    replay = pr.make_position_replay(5, period=2, lookahead=1)
+    state = replay.init({"x": jnp.zeros((), jnp.float32)})
+    # 5 windows x 2 positions; window 1 position 0 is not sampleable; window 4 is empty.
+    priorities = jnp.array([[1.0, 1.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    items = {"x": jnp.arange(15.0).reshape(5, 3)}  # L = H + P + T = 0 + 1 + 2
+    state = state.replace(priorities=priorities, items=items)
+    # New priority of owned position u of a window: x[u] + x[u + 1], computed in batches of 2
+    # windows (the last batch overlaps the one before).
+    fn = lambda windows: windows["x"][:, :2] + windows["x"][:, 1:3]
+    refreshed = replay.refresh(state, fn, 2)
+    x = np.arange(15.0).reshape(5, 3)
+    expected = (x[:, :2] + x[:, 1:3]) * (np.asarray(priorities) > 0)
+    np.testing.assert_allclose(refreshed.priorities, expected)
+    assert float(refreshed.max_priority) == expected.max()
+
+
+def _trajectory(spec, t, b, key):
+    obs_shape = (t + 1, b) + tuple(spec.observation.shape)
+    if spec.observation.dtype == np.uint8:
+        observation = jax.random.randint(key, obs_shape, 0, 255).astype(jnp.uint8)
+    else:
+        observation = jax.random.normal(key, obs_shape)
+    step_type = jnp.full((t + 1, b), StepType.MID).at[2, 0].set(StepType.LAST)
+    step_type = step_type.at[3, 0].set(StepType.FIRST)
+    timestep = TimeStep(step_type=step_type, reward=jnp.ones((t + 1, b)),
+                        discount=jnp.ones((t + 1, b)).at[2, 0].set(0.0),
+                        observation=observation)
+    policy = jnp.full((t, b, 3), 1.0 / 3)
+    return Trajectory(timestep=timestep, action=jnp.zeros((t, b), jnp.int32),
+                      extras={"policy": policy})
+
+
+# Every switch in both positions across four programs (each compiles acting and learning).
+@pytest.mark.parametrize("changes, spec", [
+    ({}, SPEC),  # everything on, Reanalyse included
+    ({"value_prefix": False, "consistency": False, "reanalyse_fraction": 0.0,
+      "unroll_gradient_scale": False}, SPEC),
+    ({"td_age_interval": 8, "refresh_interval": 1, "refresh_batch": 3,
+      "optimizer": "clipped_lars", "learning_rate": 0.1, "search": "gumbel"}, SPEC),
+    ({"network": "ez_resnet", "augment": True, "reanalyse_fraction": 0.0}, IMAGE_SPEC),
+], ids=["all-on", "all-off", "age-refresh-lars-gumbel", "ez_resnet-augment"])
+def test_every_ablation_switch_builds_acts_and_learns_finitely(changes, spec):
+    config = small_config(**changes)
+    agent = agents.make(config, spec)
+    state = agent.init(jax.random.key(0), spec)
+    trajectory = _trajectory(spec, config.rollout_length, 4, jax.random.key(1))
+    timestep = jax.tree.map(lambda x: x[0], trajectory.timestep)
+    action, _, extras = jax.jit(agent.actor_step)(state.params, (), timestep, jax.random.key(2))
+    assert action.shape == (4,) and extras["policy"].shape == (4, 3)
+    step = jax.jit(functools.partial(agent.learner_step, axis_name=None))
+    before = state.params
+    for i in range(3):
+        state, metrics = step(state, trajectory, jax.random.key(10 + i))
+    # The first trajectory's T = 4 positions all lie within K + n = 6 steps of the stream's
+    # start (their targets would reach before it), so the first step waits: 2 steps update.
+    assert int(state.updates) == 2 * config.updates_per_step
+    for name in ez.METRIC_NAMES:
+        assert np.isfinite(float(metrics[name])), name
+    if changes.get("refresh_interval"):
+        assert float(metrics["priority_refreshes"]) == 1.0
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), before, state.params)
+    assert max(jax.tree.leaves(moved)) > 0
+
+
+def test_bad_efficientzero_fields_fail_naming_the_field():
+    from podracer.config import ConfigError
+    for changes, field in [({"td_steps_min": 0}, "agent.td_steps_min"),
+                           ({"td_age_interval": -1}, "agent.td_age_interval"),
+                           ({"value_prefix_horizon": 0}, "agent.value_prefix_horizon"),
+                           ({"optimizer": "sgd"}, "agent.optimizer")]:
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            agents.make(small_config(**changes), SPEC)
+
+
+def test_shipped_efficientzero_configs_are_valid():
+    import anakin
+    import sebulba
+    from experiments.configs import (
+        efficientzero_atari100k,
+        efficientzero_cartpole,
+        efficientzero_catch,
+        efficientzero_minatar,
+    )
+
+    assert anakin.validate(efficientzero_catch.get_config(), 8) == 8
+    minatar = efficientzero_minatar.get_config()
+    assert minatar.env.name == "gymnax:Breakout-MinAtar" and minatar.agent.name == "efficientzero"
+    for module in (efficientzero_cartpole, efficientzero_atari100k):
+        config = module.get_config()
+        sebulba.validate(config, num_local_devices=1, num_processes=1)
+        assert config.agent.rollout_length == config.rollout_length
+    atari = efficientzero_atari100k.get_config()
+    assert atari.env.protocol == "atari100k"
+    # 100K agent steps in whole updates, with an evaluation at the last one.
+    steps_per_update = (atari.actor_threads_per_device * atari.envs_per_actor_thread
+                        * atari.rollout_length)
+    assert atari.total_env_steps % steps_per_update == 0
+    assert (atari.total_env_steps // steps_per_update) % atari.eval_every_updates == 0
+    # The Atari agent builds (replay memory is checked against the device) without training.
+    spec = EnvSpec(observation=ArraySpec((96, 96, 12), np.uint8), action=DiscreteSpec(6))
+    agents.make(atari.agent, spec)
+
+
+def test_efficientzero_anakin_learns_catch():
+    import anakin
+    from experiments.configs import efficientzero_catch
+
+    result = anakin.train(efficientzero_catch.get_config())
+    returns = [h["episode_return"] for h in result.history]
+    assert returns[0] < 0.0, returns  # started at random play
+    assert result.final_metrics["episode_return"] >= 0.8, returns
+
+
+def test_efficientzero_sebulba_improves_on_cartpole():
+    """As MuZero's test: over the last 10K of 40K environment steps the mean episode return is
+    >= 75; a uniformly random policy scores about 22."""
+    import sebulba
+    from experiments.configs import efficientzero_cartpole
+
+    config = efficientzero_cartpole.get_config()
+    config.actor_device_ids = (0,)
+    config.learner_device_ids = (1,)
+    result = sebulba.train(config)
+    late = [r for r in result.history if r["env_steps"] > 30_000 and r["episodes"]]
+    mean_late = (sum(r["episode_return"] * r["episodes"] for r in late)
+                 / sum(r["episodes"] for r in late))
+    curve = [round(r["episode_return"]) for r in result.history]
+    assert result.history[0]["episode_return"] < 40, curve
+    assert mean_late >= 75, curve
+
+
+def test_augmentation_shifts_each_sample_by_one_offset_and_scales_its_intensity():
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (5, 3, 12, 10, 2), dtype=np.uint8)  # [S, M, H, W, C]
+    out = np.asarray(ez.augment(jnp.asarray(frames), jax.random.key(4), shift=2,
+                                intensity=0.05))
+    x = frames.astype(np.float32) / 255.0
+    padded = np.pad(x, ((0, 0), (0, 0), (2, 2), (2, 2), (0, 0)), mode="edge")
+    offsets = set()
+    for s in range(5):
+        # Some offset (dy, dx) in [0, 4]^2 and some factor in [0.9, 1.1] give every step of
+        # sample s: the crop of the edge-padded frames, scaled.
+        found = []
+        for dy in range(5):
+            for dx in range(5):
+                crop = padded[s, :, dy:dy + 12, dx:dx + 10]
+                factor = out[s].sum() / crop.sum()
+                if np.allclose(out[s], crop * factor, rtol=1e-5, atol=1e-6):
+                    found.append((dy, dx, factor))
+        assert found, s
+        dy, dx, factor = found[0]
+        assert 0.9 - 1e-6 <= factor <= 1.1 + 1e-6
+        offsets.add((dy, dx))
+    assert len(offsets) > 1  # the offsets are drawn per sample
