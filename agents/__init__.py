@@ -19,6 +19,12 @@ def _vtrace(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     return vtrace.make_agent(config, env_spec)
 
 
+def _ppo(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
+    from agents import ppo
+
+    return ppo.make_agent(config, env_spec)
+
+
 def _muzero(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     from agents import muzero
 
@@ -35,12 +41,25 @@ _FACTORIES: dict[str, Callable[[ml_collections.ConfigDict, EnvSpec], Agent]] = {
     "vtrace": _vtrace,
     "muzero": _muzero,
     "efficientzero": _efficientzero,
+    "ppo": _ppo,
 }
+
+# Agents whose policies also take continuous actions (an `ArraySpec` of shape [D]).
+_CONTINUOUS = frozenset({"ppo"})
 
 
 def registered() -> list[str]:
     """Agent names accepted by `make`, sorted."""
     return sorted(_FACTORIES)
+
+
+def accepts_continuous_actions(name: str) -> bool:
+    """Whether agent `name` can act in an environment with continuous actions of shape [D]."""
+    return name in _CONTINUOUS
+
+
+def continuous_agents() -> list[str]:
+    return sorted(_CONTINUOUS)
 
 
 def make(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
@@ -50,4 +69,4 @@ def make(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     return _FACTORIES[config.name](config, env_spec)
 
 
-__all__ = ["make", "registered"]
+__all__ = ["accepts_continuous_actions", "continuous_agents", "make", "registered"]

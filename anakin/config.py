@@ -101,10 +101,18 @@ def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> i
     env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
     action_spec = env.action_spec()
     integer = np.issubdtype(np.dtype(action_spec.dtype), np.integer)
-    if not isinstance(action_spec, DiscreteSpec) and not integer:
-        raise cfg.ConfigError("env.name", f"{config.env.name!r} has continuous actions",
-                              "choose an environment with discrete actions for this agent")
-    if not isinstance(action_spec, DiscreteSpec) or tuple(action_spec.shape) != ():
+    continuous = not isinstance(action_spec, DiscreteSpec) and not integer
+    if continuous and not agents.accepts_continuous_actions(config.agent.name):
+        raise cfg.ConfigError(
+            "env.name", f"{config.env.name!r} has continuous actions",
+            "choose an environment with discrete actions for this agent, or an agent that "
+            f"takes continuous ones ({', '.join(agents.continuous_agents())})")
+    if continuous and len(action_spec.shape) != 1:
+        raise cfg.ConfigError(
+            "env.name", f"{config.env.name!r} takes continuous actions of shape "
+            f"{tuple(action_spec.shape)}", "choose an environment whose actions are a vector [D]")
+    if not continuous and (not isinstance(action_spec, DiscreteSpec)
+                           or tuple(action_spec.shape) != ()):
         raise cfg.ConfigError(
             "env.name", f"{config.env.name!r} takes one discrete action per entry (shape "
             f"{tuple(action_spec.shape)})",

@@ -27,6 +27,7 @@ from ml_collections import config_flags
 
 import anakin
 import envs_jax
+from experiments._ceiling import env_ceiling_seconds
 from podracer import distributed, replication
 from podracer.types import DEVICE_AXIS
 
@@ -63,34 +64,14 @@ def main(argv):
     mesh = replication.make_mesh(jax.devices()[:num_devices])
     env = envs_jax.wrap_for_training(envs_jax.make(config.env.name, **config.env.kwargs),
                                      config.env.max_episode_steps or None)
-    num_actions = env.action_spec().num_values
     steps_per_chunk = config.updates_per_chunk * config.rollout_length * config.num_envs
     n = _ENVS_PER_DEVICE.value
 
     # CEILING: the environment alone, random actions, same scan structure.
-    def env_init(key):
-        state, _ = jax.vmap(env.reset)(jax.random.split(key, n))
-        return state, key
-
-    def env_chunk(carry):
-        def step(carry, _):
-            state, key = carry
-            key, action_key = jax.random.split(key)
-            action = jax.random.randint(action_key, (n,), 0, num_actions)
-            state, timestep = jax.vmap(env.step)(state, action)
-            return (state, key), timestep.reward.sum()
-
-        def rollout(carry, _):
-            carry, rewards = jax.lax.scan(step, carry, length=config.rollout_length)
-            return carry, rewards.sum()
-
-        carry, rewards = jax.lax.scan(rollout, carry, length=config.updates_per_chunk)
-        return carry, rewards.sum()
-
-    keys = replication.from_global(jax.random.split(jax.random.PRNGKey(0), num_devices), mesh)
-    env_state = replication.replicate(env_init, mesh)(keys)
-    env_fn = replication.replicate(env_chunk, mesh, donate_argnums=0)
-    env_seconds = _best_times({"env": (env_fn, env_state)}, _REPEATS.value)["env"]
+    env_seconds = env_ceiling_seconds(env, mesh, envs_per_device=n,
+                                      rollout_length=config.rollout_length,
+                                      updates_per_chunk=config.updates_per_chunk,
+                                      repeats=_REPEATS.value)
 
     # ANAKIN: the same chunk the runner compiles.
     import agents  # kept next to its only use

@@ -1,0 +1,60 @@
+"""The environment-only ceiling that the Anakin benchmarks print next to their figures."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+
+from podracer import replication
+
+
+def best_time(fn, state, repeats: int) -> float:
+    """Best wall time of `repeats` calls of `fn(state) -> (state, out)` after one warm-up."""
+    state, out = fn(state)  # warm-up
+    jax.block_until_ready(out)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        state, out = fn(state)
+        jax.block_until_ready(out)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def env_ceiling_seconds(env, mesh, *, envs_per_device: int, rollout_length: int,
+                        updates_per_chunk: int, repeats: int) -> float:
+    """Best time of one chunk of the environment alone: `envs_per_device` environments per
+    device of `mesh` stepped with uniformly random actions in the runner's scan structure
+    (`updates_per_chunk` x `rollout_length` steps), replicated, after compilation."""
+    n = envs_per_device
+    spec = env.action_spec()
+
+    def random_action(key):
+        if hasattr(spec, "num_values"):
+            return jax.random.randint(key, (n,), 0, spec.num_values)
+        return jax.random.uniform(key, (n,) + tuple(spec.shape), minval=-1.0, maxval=1.0)
+
+    def env_init(key):
+        state, _ = jax.vmap(env.reset)(jax.random.split(key, n))
+        return state, key
+
+    def env_chunk(carry):
+        def step(carry, _):
+            state, key = carry
+            key, action_key = jax.random.split(key)
+            state, timestep = jax.vmap(env.step)(state, random_action(action_key))
+            return (state, key), timestep.reward.sum()
+
+        def rollout(carry, _):
+            carry, rewards = jax.lax.scan(step, carry, length=rollout_length)
+            return carry, rewards.sum()
+
+        carry, rewards = jax.lax.scan(rollout, carry, length=updates_per_chunk)
+        return carry, rewards.sum()
+
+    num_devices = mesh.devices.size
+    keys = replication.from_global(jax.random.split(jax.random.PRNGKey(0), num_devices), mesh)
+    env_state = replication.replicate(env_init, mesh)(keys)
+    env_fn = replication.replicate(env_chunk, mesh, donate_argnums=0)
+    return best_time(env_fn, env_state, repeats)

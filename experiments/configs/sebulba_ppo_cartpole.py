@@ -1,0 +1,40 @@
+"""PPO on envpool's CartPole-v1 with Sebulba.
+
+    python -m experiments.sebulba --config=experiments/configs/sebulba_ppo_cartpole.py \
+        --workdir=/tmp/run
+
+Policy lag 0 by default: the actors wait for each update, and PPO is exactly on-policy (its
+first minibatch's ratio is 1, logged as `first_ratio_deviation`). With
+`--config.policy_lag=1` the actors collect the next batch during the update; the data is then
+one version stale, and `agent.off_policy` chooses between plain PPO ("plain", the lag logged as
+`policy_lag`) and importance-corrected PPO ("corrected"); see docs/ppo.md.
+"""
+
+import ml_collections
+
+from agents import ppo
+from experiments.configs import sebulba_vtrace_cartpole
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = sebulba_vtrace_cartpole.get_config()  # devices, run, checkpoint, evaluation fields
+    config.agent = ppo.default_config()
+    config.agent.hidden_sizes = (64, 64)
+    config.agent.activation = "tanh"
+    config.agent.learning_rate = 2.5e-4
+    config.agent.num_epochs = 4
+    config.agent.num_minibatches = 4  # per learner device
+    config.agent.off_policy = "plain"  # "plain" | "corrected": what to do with stale data
+    config.envs_per_actor_thread = 8
+    config.rollout_length = 128
+    config.staleness = "fixed"
+    config.policy_lag = 0  # on-policy; 1 overlaps acting with learning (off-policy by 1)
+    config.total_env_steps = 500_000
+    # One actor thread on one device in one process: these are the learner steps of the run.
+    config.agent.anneal_lr_updates = config.get_ref("total_env_steps") // (
+        config.get_ref("envs_per_actor_thread") * config.get_ref("rollout_length")
+        * config.get_ref("actor_threads_per_device"))
+    config.log_every_updates = 10
+    config.checkpoint_every_updates = 100
+    config.eval_every_updates = 100
+    return config
