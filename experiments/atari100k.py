@@ -164,8 +164,9 @@ def results_table(results: Sequence[RunResult]) -> str:
     by_game: dict[str, list[RunResult]] = {}
     for r in results:
         by_game.setdefault(r.game, []).append(r)
-    lines = ["| game | runs | score | human-normalised | EfficientZero | EfficientZero normalised "
-             "|", "|---|---|---|---|---|---|"]
+    header = ("| game | runs | score | human-normalised | EfficientZero "
+              "| EfficientZero normalised |")
+    lines = [header, "|---|---|---|---|---|---|"]
     ours, theirs = {}, {}
     for game in sorted(by_game):
         runs = by_game[game]
@@ -204,29 +205,33 @@ def reference_table(games: Mapping[str, Game] = GAMES) -> str:
     return "\n".join(lines) + "\n"
 
 
-_RUNS = flags.DEFINE_list("runs", None, "Finished run workdirs (paths or shell globs).")
-_ALLOW_PARTIAL = flags.DEFINE_bool("allow_partial", False,
-                                   "Include runs that stopped short of 100K agent steps.")
-_OUT = flags.DEFINE_string("out", None, "Also write the markdown table to this file.")
+def _define_flags() -> None:
+    """The command's flags, defined only when it runs as a command: importing this module
+    (the tests do, next to `experiments.plot`, which also has `--out`) defines none."""
+    flags.DEFINE_list("runs", None, "Finished run workdirs (paths or shell globs).")
+    flags.DEFINE_bool("allow_partial", False,
+                      "Include runs that stopped short of 100K agent steps.")
+    flags.DEFINE_string("out", None, "Also write the markdown table to this file.")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments {argv[1:]}; give workdirs with --runs.")
-    if not _RUNS.value:
+    args = flags.FLAGS
+    if not args.runs:
         table = reference_table()
     else:
         try:
-            results = [read_run(w, allow_partial=_ALLOW_PARTIAL.value)
-                       for w in expand(_RUNS.value)]
+            results = [read_run(w, allow_partial=args.allow_partial) for w in expand(args.runs)]
         except RunError as e:
             sys.exit(f"atari100k: {e}")
         table = results_table(results)
     print(table, end="")
-    if _OUT.value:
-        with open(_OUT.value, "w") as f:
+    if args.out:
+        with open(args.out, "w") as f:
             f.write(table)
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)
