@@ -86,6 +86,7 @@ from sebulba.actor import Actor, ActorCounters, make_actor_functions
 from sebulba.config import validate
 from sebulba.evaluation import EVAL_STREAM, make_evaluator
 from sebulba.learner import (
+    PREEMPTION_CHECK_EVERY,
     Learner,
     abstract_batch,
     abstract_learner,
@@ -315,7 +316,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         checkpoint_metadata={"num_processes": jax.process_count(),
                              "num_learner_devices": int(learner_mesh.devices.size),
                              "config": config_dict},
-        should_stop=preemption.requested, learner_clock=learner_clock, actor_clock=actor_clock,
+        should_stop=preemption.requested,
+        stop_check_every=1 if jax.process_count() == 1 else PREEMPTION_CHECK_EVERY,
+        learner_clock=learner_clock, actor_clock=actor_clock,
         wall_offset=compile_seconds + wall_offset)
     learner.saved_update = resumed_from
 
