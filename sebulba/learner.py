@@ -236,7 +236,9 @@ class Learner:
         last_update = self.start_update
         for u in range(self.start_update + 1, self.num_updates + 1):
             # At most two updates in flight: u - 1 computing and u queued behind it, so that
-            # the devices never wait for this thread and dispatched work stays bounded.
+            # the devices never wait for this thread and dispatched work stays bounded. Rollout
+            # u is taken once version u - 2 is on every actor device (this bounds the policy
+            # lag under "latest" staleness: sebulba.params).
             while len(in_flight) >= 2:
                 jax.block_until_ready(in_flight.popleft())
 
@@ -259,9 +261,7 @@ class Learner:
             # publishes version u at once; the store hands actors only computed versions.
             batch = tuple(_global_batch(r.shards, self.mesh) for r in rollouts)
             self.state, self.keys, metrics = self.update_fn(self.state, self.keys, batch)
-            params = self.local_actor_params(self.state)
-            self.store.publish(u, params)
-            in_flight.append(params)
+            in_flight.append(self.store.publish(u, self.local_actor_params(self.state)))
             learner_clock.tick()
             pending_metrics.append(jax.tree.map(lambda x: x.addressable_shards[0].data,
                                                 metrics))

@@ -9,7 +9,10 @@ the batch), logged for every update.
     collect batch u + 1 while the learner computes update u, and the whole run is a pure
     function of (config, seed, device count). lag = 0 is synchronous, on-policy learning.
   - "latest": before every inference an actor switches to the newest published version; it
-    never waits. The queue bounds the lag: at most queue_size + 1.
+    never waits. The queue bounds the lag: at most queue_size + 2. (An actor starts rollout u
+    once rollout u - 1 is in its queue of Q, so once the learner has taken rollout u - 1 - Q;
+    the learner takes rollout j only when version j - 2 is on every actor device; so rollout u
+    acts with versions >= u - 3 - Q, and update u's lag (u - 1) - oldest is <= Q + 2.)
 A resumed run starts the store at the checkpoint's version u0, which then stands for 0.
 """
 
@@ -60,8 +63,9 @@ class ParamsStore:
         self._versions: dict[int, list[Any]] = {}
         self._newest = -1
 
-    def publish(self, version: int, params: Any) -> None:
-        """Adds `version` (its copies onto the actor devices are dispatched, not awaited)."""
+    def publish(self, version: int, params: Any) -> list[Any]:
+        """Adds `version` and returns its copies, one per actor device (dispatched, not
+        awaited)."""
         copies = [jax.device_put(params, d) for d in self.devices]
         with self._cond:
             self._versions[version] = copies
@@ -72,6 +76,7 @@ class ParamsStore:
                 del self._versions[old]
             self._newest = version
             self._cond.notify_all()
+        return copies
 
     @property
     def newest_version(self) -> int:
