@@ -50,6 +50,14 @@ def _wait_for_size(q: queue.Queue, size: int, timeout_s: float = 60.0) -> None:
 
 def test_an_actor_alone_fills_its_queue_with_the_versions_of_the_fixed_lag_protocol():
     agent, spec = _agent()
+    seen = []  # what actor_step receives, at tracing
+    inner = agent.actor_step
+
+    def actor_step(params, actor_state, timestep, key, **kwargs):
+        seen.append(timestep)
+        return inner(params, actor_state, timestep, key, **kwargs)
+
+    agent = agent._replace(actor_step=actor_step)
     actor_device, learner_devices = jax.devices()[0], jax.devices()[1:3]
     params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
     store = ParamsStore([actor_device], keep=3)
@@ -98,6 +106,22 @@ def test_an_actor_alone_fills_its_queue_with_the_versions_of_the_fixed_lag_proto
                                           np.asarray(sb.timestep.observation[0, 0]))
     figures = counters.take()
     assert figures.rollouts >= 3 and figures.env_steps == figures.rollouts * T * B
+
+    # Each step only the observation and the step type crossed to the actor device ...
+    assert seen and all(t.reward is None and t.discount is None for t in seen)
+    # ... yet the trajectories are whole: replaying their actions on environments of the same
+    # seed gives the same step types, rewards, discounts and observations.
+    reference = envpool_env.EnvpoolEnv("CartPole-v1", B, seed=7, num_threads=1)
+    reference.reset()
+    for r in rollouts:
+        joined = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x[0]) for x in xs], axis=1),
+                              *r.shards)
+        for t in range(T):
+            expected = reference.step(joined.action[t])
+            for field in ("step_type", "reward", "discount", "observation"):
+                np.testing.assert_array_equal(getattr(joined.timestep, field)[t + 1],
+                                              getattr(expected, field), err_msg=field)
+    reference.close()
 
 
 def _zero_rollout(agent, spec, mesh, version: int) -> Rollout:
