@@ -5,8 +5,9 @@ device, and rollouts sent, split along B, to the learner devices.
     for rollout k = first, first + 1, ...:
         params = store.wait_for(version for rollout k)     # "fixed"; "latest": store.newest
         repeat T times:
-            on the actor device: action, extras = actor_step(params, timestep)
+            on the actor device: action, extras = actor_step(params, observation, step type)
             on the host:         timestep = env.step(action)   # envpool's C++ threads
+        rewards, discounts [T+1, B] -> the actor device       # one transfer per rollout
         on the actor device: stack the T+1 timesteps, T actions and extras -> [T+1, B]
                              and split along B into L shards [T+1, B/L]
         shard l -> learner device l                         # device to device, no host copy

@@ -2,11 +2,20 @@
 consumes the actors' rollouts.
 
     for update u = start + 1 .. U:
+        wait until update u - 2 is computed               # at most two updates in flight
         batch = rollout u of every actor thread           # queue[i].get() for each i
-        state = learner_step(state, batch)                # replicated over the L_all learner
-                                                          # devices of the run; pmean'd grads
-        store.publish(u, actor_params(state))             # onto every actor device
+        state = learner_step(state, batch)                # dispatched, not awaited; replicated
+                                                          # over the L_all learner devices of
+                                                          # the run; pmean'd grads
+        store.publish(u, actor_params(state))             # onto every actor device; actors
+                                                          # use it once it is computed
         log, evaluate, checkpoint as configured
+
+The learner thread never waits for the update it has just dispatched: while update u
+computes, it fetches rollout u + 1 and dispatches update u + 1 behind it, so the learner
+devices go from one update to the next without a gap. Pre-emption (`should_stop`) is checked
+after every update in a single process (a local flag) and every `PREEMPTION_CHECK_EVERY`
+updates when several processes must agree (a gather across processes).
 
 `Learner` takes everything it uses as arguments (the compiled update, the queues, the
 parameter store, the clocks, and callbacks for logging and evaluation), so it can run alone on
