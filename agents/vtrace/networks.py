@@ -41,7 +41,7 @@ def max_pool_3x3_stride_2(x: Array) -> Array:
     gradient, bit for bit, computed without XLA's select-and-scatter.
 
     On CPU, XLA runs the select-and-scatter of max-pooling's gradient as a slow loop: for the
-    IMPALA ResNet on 84 x 84 Atari frames, over a quarter of the learner's forward and backward
+    IMPALA ResNet on 84 x 84 Atari frames, about a quarter of the learner's forward and backward
     pass (docs/benchmarks.md, Sebulba). Here the gradient is elementwise work on the four stride-2 phases
     of the padded input. Each window sends its gradient to its first maximal element in
     row-major order (as select-and-scatter with `>=` does, so ties go where XLA sends them),
