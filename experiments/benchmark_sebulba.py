@@ -63,7 +63,7 @@ import sebulba
 from podracer import replication
 from podracer.types import TimeStep
 from sebulba import envpool_env, learner
-from sebulba.actor import make_actor_functions
+from sebulba.actor import acting_view, make_actor_functions
 
 
 def _in_threads(num_threads: int, body) -> float:
@@ -117,9 +117,9 @@ def actor_alone(config, options, agent, spec, params, seconds: float) -> float:
     raw_shape = (b,) + tuple(envpool_env.envpool.make_spec(
         config.env.task, **options).observation_space.shape)
     obs = np.random.default_rng(0).integers(0, 255, raw_shape).astype(spec.observation.dtype)
-    host_timestep = TimeStep(
-        step_type=np.ones(b, np.int32), reward=np.zeros(b, np.float32),
-        discount=np.ones(b, np.float32), observation=obs)
+    # What the run sends to the actor device at every step (`acting_view`).
+    acting = acting_view(TimeStep(step_type=np.ones(b, np.int32), reward=np.zeros(b, np.float32),
+                                  discount=np.ones(b, np.float32), observation=obs))
     steps = [0] * (n_per * len(devices))
     ready = threading.Barrier(len(steps))
 
@@ -129,14 +129,14 @@ def actor_alone(config, options, agent, spec, params, seconds: float) -> float:
         key = jax.device_put(jax.random.PRNGKey(i), device)
         actor_state = jax.device_put(agent.init_actor_state(b), device)
         for _ in range(2):  # compile and warm up
-            action, actor_state, _, key = act(p, actor_state, jax.device_put(host_timestep,
-                                                                             device), key)
+            action, actor_state, _, key = act(p, actor_state, jax.device_put(acting, device),
+                                              key)
             np.asarray(action)
         ready.wait()  # every thread compiled: measure them side by side
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
-            action, actor_state, _, key = act(p, actor_state, jax.device_put(host_timestep,
-                                                                             device), key)
+            action, actor_state, _, key = act(p, actor_state, jax.device_put(acting, device),
+                                              key)
             np.asarray(action)
             steps[i] += b
 

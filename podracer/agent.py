@@ -38,6 +38,8 @@ class ActorStepFn(Protocol):
 
         `evaluation=True` asks for the greedy/deterministic policy. `extras` holds what the
         learner needs (behaviour logits, search policy, root value, ...), each `[B, ...]`.
+        Sebulba sends only the observation and the step type to the actor device at each step:
+        there `timestep.reward` and `timestep.discount` are `None`.
         """
 
 

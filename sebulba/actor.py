@@ -5,8 +5,9 @@ device, and rollouts sent, split along B, to the learner devices.
     for rollout k = first, first + 1, ...:
         params = store.wait_for(version for rollout k)     # "fixed"; "latest": store.newest
         repeat T times:
-            on the actor device: action, extras = actor_step(params, timestep)
+            on the actor device: action, extras = actor_step(params, observation, step type)
             on the host:         timestep = env.step(action)   # envpool's C++ threads
+        rewards, discounts [T+1, B] -> the actor device       # one transfer per rollout
         on the actor device: stack the T+1 timesteps, T actions and extras -> [T+1, B]
                              and split along B into L shards [T+1, B/L]
         shard l -> learner device l                         # device to device, no host copy
@@ -83,9 +84,13 @@ class ActorCounters:
         return figures
 
 
-def strip_extras(timestep: TimeStep) -> TimeStep:
-    # Episode statistics stay on the host; the learner does not need them.
-    return timestep.replace(extras={})
+def acting_view(timestep: TimeStep) -> TimeStep:
+    """What crosses to the actor device at every step: the observation and the step type (which
+    a recurrent agent needs to reset its state). Reward, discount and the episode statistics
+    stay on the host (`None` and `{}` here: an `actor_step` that reads them fails loudly); the
+    learner's copies of reward and discount cross once per rollout (`pack`)."""
+    return TimeStep(step_type=timestep.step_type, reward=None, discount=None,
+                    observation=timestep.observation)
 
 
 def make_act(agent: Agent, *, evaluation: bool) -> Callable:
@@ -104,15 +109,20 @@ def make_act(agent: Agent, *, evaluation: bool) -> Callable:
 
 def make_actor_functions(agent: Agent, num_shards: int) -> tuple[Callable, Callable]:
     """The jitted `act(params, actor_state, timestep, key)` and
-    `pack(timesteps, actions, extras) -> tuple of num_shards Trajectory shards`."""
+    `pack(observed, rewards, discounts, actions, extras) -> tuple of num_shards Trajectory
+    shards`, where `observed` are the T+1 `acting_view`s already on the actor device and
+    `rewards`, `discounts` the host's [T+1, B] arrays, sent with this one call."""
 
-    def pack(timesteps, actions, extras):
-        timesteps = [t.replace(observation=envpool_env.to_agent_layout(t.observation))
-                     for t in timesteps]
-        stack = lambda *xs: jnp.stack(xs)
-        trajectory = Trajectory(timestep=jax.tree.map(stack, *timesteps),
-                                action=jnp.stack(actions),
-                                extras=jax.tree.map(stack, *extras))
+    def pack(observed, rewards, discounts, actions, extras):
+        timestep = TimeStep(
+            step_type=jnp.stack([t.step_type for t in observed]),
+            reward=rewards,
+            discount=discounts,
+            observation=jnp.stack([envpool_env.to_agent_layout(t.observation)
+                                   for t in observed]),
+        )
+        trajectory = Trajectory(timestep=timestep, action=jnp.stack(actions),
+                                extras=jax.tree.map(lambda *xs: jnp.stack(xs), *extras))
         b = trajectory.action.shape[1] // num_shards
         return tuple(
             jax.tree.map(lambda x, i=i: x[None, :, i * b:(i + 1) * b], trajectory)
@@ -161,7 +171,7 @@ class Actor:
         key = jax.device_put(self.key, device)
         actor_state = jax.device_put(self.agent.init_actor_state(envs_per_thread), device)
         timestep = self.env.reset()
-        timestep_dev = jax.device_put(strip_extras(timestep), device)
+        observed = jax.device_put(acting_view(timestep), device)
         first = True
         for k in itertools.count(self.start_update + 1):  # rollout k feeds update k
             # PARAMETERS FOR THIS ROLLOUT
@@ -178,24 +188,28 @@ class Actor:
             params_wait = time.perf_counter() - wait_start
             oldest = newest = version
 
-            # ACT FOR T STEPS; the trajectory stays on the actor device
-            timesteps, actions, extras = [timestep_dev], [], []
+            # ACT FOR T STEPS; observations and step types go to the actor device as they come,
+            # rewards and discounts stay on the host until the rollout is complete
+            observations, actions, extras = [observed], [], []
+            rewards, discounts = [timestep.reward], [timestep.discount]
             returns, lengths = [], []
             for _ in range(self.rollout_length):
                 if stop.is_set():
                     return
                 if not fixed:
                     version, params = store.newest(device_index)
-                    newest = version
+                    oldest, newest = min(oldest, version), max(newest, version)
                 # The first call compiles: not a stall, however long it takes.
                 with actor_clock.busy() if first else contextlib.nullcontext():
-                    action, actor_state, extra, key = self.act(params, actor_state,
-                                                               timestep_dev, key)
+                    action, actor_state, extra, key = self.act(params, actor_state, observed,
+                                                               key)
                     first = False
                 timestep = self.env.step(np.asarray(action))
                 actor_clock.tick()
-                timestep_dev = jax.device_put(strip_extras(timestep), device)
-                timesteps.append(timestep_dev)
+                observed = jax.device_put(acting_view(timestep), device)
+                observations.append(observed)
+                rewards.append(timestep.reward)
+                discounts.append(timestep.discount)
                 actions.append(action)
                 extras.append(extra)
                 done = timestep.extras["game_over"]
@@ -206,7 +220,8 @@ class Actor:
             # SPLIT ALONG B AND SEND EACH SHARD TO ITS LEARNER DEVICE
             with (actor_clock.busy() if k == self.start_update + 1
                   else contextlib.nullcontext()):
-                shards = self.pack(timesteps, actions, extras)
+                shards = self.pack(observations, *jax.device_put(
+                    (np.stack(rewards), np.stack(discounts)), device), actions, extras)
             shards = [jax.device_put(s, d) for s, d in zip(shards, self.learner_devices)]
             put_start = time.perf_counter()
             if not put(self.out, Rollout(list(shards), oldest, newest), stop, self.timeout_s,

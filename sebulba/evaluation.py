@@ -17,7 +17,7 @@ import numpy as np
 
 from podracer.agent import Agent
 from sebulba import envpool_env
-from sebulba.actor import make_act, strip_extras
+from sebulba.actor import acting_view, make_act
 
 EVAL_STREAM = 0x5EED  # mixed into the evaluation's seeds, apart from training's
 
@@ -52,7 +52,7 @@ def make_evaluator(agent: Agent, env: envpool_env.EnvpoolEnv, device: jax.Device
         lengths = np.zeros(n, np.int64)
         done = np.zeros(n, bool)
         for _ in range(max_steps):
-            timestep_dev = jax.device_put(strip_extras(timestep), device)
+            timestep_dev = jax.device_put(acting_view(timestep), device)
             action, actor_state, _, key = act(params, actor_state, timestep_dev, key)
             timestep = env.step(np.asarray(action))
             live = ~done

@@ -2,11 +2,20 @@
 consumes the actors' rollouts.
 
     for update u = start + 1 .. U:
+        wait until update u - 2 is computed               # at most two updates in flight
         batch = rollout u of every actor thread           # queue[i].get() for each i
-        state = learner_step(state, batch)                # replicated over the L_all learner
-                                                          # devices of the run; pmean'd grads
-        store.publish(u, actor_params(state))             # onto every actor device
+        state = learner_step(state, batch)                # dispatched, not awaited; replicated
+                                                          # over the L_all learner devices of
+                                                          # the run; pmean'd grads
+        store.publish(u, actor_params(state))             # onto every actor device; actors
+                                                          # use it once it is computed
         log, evaluate, checkpoint as configured
+
+The learner thread never waits for the update it has just dispatched: while update u
+computes, it fetches rollout u + 1 and dispatches update u + 1 behind it, so the learner
+devices go from one update to the next without a gap. Pre-emption (`should_stop`) is checked
+after every update in a single process (a local flag) and every `PREEMPTION_CHECK_EVERY`
+updates when several processes must agree (a gather across processes).
 
 `Learner` takes everything it uses as arguments (the compiled update, the queues, the
 parameter store, the clocks, and callbacks for logging and evaluation), so it can run alone on
@@ -21,6 +30,7 @@ steps, wall time), every `checkpoint_every` updates, at the end and when `should
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import queue
 import threading
@@ -45,6 +55,9 @@ if TYPE_CHECKING:
     from sebulba.actor import ActorCounters
 
 FINITE = "_finite"  # an update's metric: its loss, metrics and parameters are all finite
+# Updates between pre-emption checks in a run of several processes, where each check gathers a
+# flag from every process: it stops the update stream while it waits for the slowest.
+PREEMPTION_CHECK_EVERY = 10
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,6 +209,8 @@ class Learner:
     checkpoint_every: int = 0
     checkpoint_metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     should_stop: Callable[[], bool] = lambda: False  # a pre-emption: checkpoint and stop
+    stop_check_every: int = 1  # updates between calls of `should_stop` (a collective if
+    # several processes: `PREEMPTION_CHECK_EVERY`)
     learner_clock: ProgressClock | None = None  # ticked after every update
     actor_clock: ProgressClock | None = None  # the actors' progress, for the learner's waits
     wall_offset: float = 0.0  # added to the wall time since `run` began (compilation, resume)
@@ -223,11 +238,19 @@ class Learner:
         learner_clock = self.learner_clock or ProgressClock()
         actor_clock = self.actor_clock or ProgressClock()
         pending_metrics: list[Any] = []
+        in_flight: collections.deque = collections.deque()  # updates maybe not yet computed
         lags: list[int] = []
         waited = 0.0
         last_time = run_start
         last_update = self.start_update
         for u in range(self.start_update + 1, self.num_updates + 1):
+            # At most two updates in flight: u - 1 computing and u queued behind it, so that
+            # the devices never wait for this thread and dispatched work stays bounded. Rollout
+            # u is taken once version u - 2 is on every actor device (this bounds the policy
+            # lag under "latest" staleness: sebulba.params).
+            while len(in_flight) >= 2:
+                jax.block_until_ready(in_flight.popleft())
+
             # ROLLOUT u OF EVERY ACTOR THREAD
             wait_start = time.perf_counter()
             rollouts = []
@@ -242,20 +265,22 @@ class Learner:
             self.policy_lags.append(lag)
             lags.append(lag)
 
-            # UPDATE, REPLICATED OVER EVERY LEARNER DEVICE OF EVERY PROCESS
+            # UPDATE, REPLICATED OVER EVERY LEARNER DEVICE OF EVERY PROCESS. Dispatched, not
+            # awaited: the loop goes on to fetch rollout u + 1 while update u computes, and
+            # publishes version u at once; the store hands actors only computed versions.
             batch = tuple(_global_batch(r.shards, self.mesh) for r in rollouts)
             self.state, self.keys, metrics = self.update_fn(self.state, self.keys, batch)
-            # Publish only computed parameters: an actor switching to a version still being
-            # computed would stall until the update ends instead of acting meanwhile.
-            self.store.publish(u, jax.block_until_ready(self.local_actor_params(self.state)))
+            in_flight.append(self.store.publish(u, self.local_actor_params(self.state)))
             learner_clock.tick()
             pending_metrics.append(jax.tree.map(lambda x: x.addressable_shards[0].data,
                                                 metrics))
             self.last_batch = batch
 
             # Every process takes the same decisions here (a signal to any one stops all), so
-            # that they call the checkpointer together.
-            stop_now = self.should_stop()
+            # that they call the checkpointer together; across processes that check is a
+            # collective, so it is made every `stop_check_every` updates only.
+            stop_now = ((u - self.start_update) % self.stop_check_every == 0
+                        and self.should_stop())
             last = u == self.num_updates
             checkpoint_now = self.checkpointer is not None and (
                 stop_now or last or (self.checkpoint_every > 0 and u % self.checkpoint_every == 0))
@@ -300,7 +325,7 @@ class Learner:
                 if eval_now:
                     eval_start = time.perf_counter()
                     with learner_clock.busy():  # the actors wait meanwhile, however long
-                        record.update(self.evaluate(self.store.newest(0)[1],
+                        record.update(self.evaluate(self.store.get(u, 0),
                                                     eval_key(self.seed, u)))
                     self.eval_seconds += time.perf_counter() - eval_start
                 if self.log is not None:
@@ -320,4 +345,7 @@ class Learner:
             if stop_now:
                 self.interrupted = True
                 break
+        # The run's result is the computed state, and every actor device holds its version.
+        jax.block_until_ready((self.state, self.keys, [
+            self.store.get(self.store.newest_version, i) for i in range(len(self.store.devices))]))
         self.done.set()

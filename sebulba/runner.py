@@ -10,8 +10,10 @@ the whole run):
             params = store.version(rollout_version(k))       # staleness: sebulba.params
             repeat T times:
                 on the actor device: action, extras = actor_step(params, timestep)
+                                     # only its observation and step type cross each step
                 on the host:         timestep = env.step(action)   # envpool's C++ threads
             on the actor device: stack the T+1 timesteps, T actions and extras -> [T+1, B]
+                                 (rewards and discounts sent once per rollout)
                                  and split along B into L shards [T+1, B/L]
             shard l -> learner device l                       # device to device, no host copy
             queue[thread].put(shards)                         # bounded: back-pressure
@@ -20,7 +22,8 @@ the whole run):
         for update u = 1 .. U:
             batch = rollout u of every actor thread           # queue[i].get() for each i
             state = learner_step(state, batch)                # replicated over the L_all
-                                                              # learner devices; pmean'd grads
+                                                              # learner devices; pmean'd grads;
+                                                              # dispatched, not awaited
             params_store.publish(u, actor_params(state))      # onto every actor device
 
     main thread: validates, compiles, starts the threads, then waits until the learner is done,
@@ -52,7 +55,8 @@ unlike an Anakin run, NOT bit-identical to an uninterrupted one: the episodes in
 checkpoint are restarted, so the trajectories after it differ.
 
 Pre-emption: SIGTERM sets a flag (`podracer.checkpoint.Preemption`) that the learner looks at
-after every update (every process, at the same update, so that they stop together); it then
+after every update, or every `PREEMPTION_CHECK_EVERY` updates in a run of several processes
+(every process at the same update, so that they stop together); it then
 logs, saves a checkpoint, and the run stops every thread and closes every environment.
 
 Faults: every thread runs inside `sebulba.threads.Supervisor`; a failure anywhere sets the stop
@@ -86,6 +90,7 @@ from sebulba.actor import Actor, ActorCounters, make_actor_functions
 from sebulba.config import validate
 from sebulba.evaluation import EVAL_STREAM, make_evaluator
 from sebulba.learner import (
+    PREEMPTION_CHECK_EVERY,
     Learner,
     abstract_batch,
     abstract_learner,
@@ -319,7 +324,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         checkpoint_metadata={"num_processes": jax.process_count(),
                              "num_learner_devices": int(learner_mesh.devices.size),
                              "config": config_dict},
-        should_stop=preemption.requested, learner_clock=learner_clock, actor_clock=actor_clock,
+        should_stop=preemption.requested,
+        stop_check_every=1 if jax.process_count() == 1 else PREEMPTION_CHECK_EVERY,
+        learner_clock=learner_clock, actor_clock=actor_clock,
         wall_offset=compile_seconds + wall_offset)
     learner.saved_update = resumed_from
 

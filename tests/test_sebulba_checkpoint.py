@@ -276,7 +276,7 @@ def test_changed_replay_capacity_or_learner_devices_are_refused_untouched(preemp
 def _always_left(seen_evaluation: list) -> Agent:
     def actor_step(params, actor_state, timestep, key, *, evaluation=False):
         seen_evaluation.append(evaluation)  # at tracing
-        return jnp.zeros(timestep.reward.shape, jnp.int32), actor_state, {}
+        return jnp.zeros(timestep.step_type.shape, jnp.int32), actor_state, {}
 
     return Agent(init=None, actor_step=actor_step, learner_step=None,
                  init_actor_state=lambda batch_size: (), actor_params=lambda s: s)

@@ -24,6 +24,7 @@ from podracer import replication
 from sebulba import envpool_env
 from sebulba.actor import Actor, ActorCounters, Rollout, make_actor_functions
 from sebulba.learner import (
+    FINITE,
     Learner,
     abstract_batch,
     init_learner,
@@ -49,6 +50,14 @@ def _wait_for_size(q: queue.Queue, size: int, timeout_s: float = 60.0) -> None:
 
 def test_an_actor_alone_fills_its_queue_with_the_versions_of_the_fixed_lag_protocol():
     agent, spec = _agent()
+    seen = []  # what actor_step receives, at tracing
+    inner = agent.actor_step
+
+    def actor_step(params, actor_state, timestep, key, **kwargs):
+        seen.append(timestep)
+        return inner(params, actor_state, timestep, key, **kwargs)
+
+    agent = agent._replace(actor_step=actor_step)
     actor_device, learner_devices = jax.devices()[0], jax.devices()[1:3]
     params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
     store = ParamsStore([actor_device], keep=3)
@@ -98,6 +107,22 @@ def test_an_actor_alone_fills_its_queue_with_the_versions_of_the_fixed_lag_proto
     figures = counters.take()
     assert figures.rollouts >= 3 and figures.env_steps == figures.rollouts * T * B
 
+    # Each step only the observation and the step type crossed to the actor device ...
+    assert seen and all(t.reward is None and t.discount is None for t in seen)
+    # ... yet the trajectories are whole: replaying their actions on environments of the same
+    # seed gives the same step types, rewards, discounts and observations.
+    reference = envpool_env.EnvpoolEnv("CartPole-v1", B, seed=7, num_threads=1)
+    reference.reset()
+    for r in rollouts:
+        joined = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x[0]) for x in xs], axis=1),
+                              *r.shards)
+        for t in range(T):
+            expected = reference.step(joined.action[t])
+            for field in ("step_type", "reward", "discount", "observation"):
+                np.testing.assert_array_equal(getattr(joined.timestep, field)[t + 1],
+                                              getattr(expected, field), err_msg=field)
+    reference.close()
+
 
 def _zero_rollout(agent, spec, mesh, version: int) -> Rollout:
     (abstract,) = abstract_batch(agent, spec, mesh, rollout_length=T, shard_batch=B,
@@ -132,3 +157,47 @@ def test_the_learner_loop_alone_consumes_hand_made_rollouts_and_publishes_each_v
     assert [r["env_steps"] for r in records] == [T * B, 2 * T * B, 3 * T * B]
     assert store.newest(0)[0] == 3
     assert all(np.isfinite(r["loss"]) for r in records)
+
+
+def test_the_learner_dispatches_each_update_before_the_previous_one_is_computed():
+    # An update that takes seconds on the device: with updates dispatched back to back, the
+    # learner calls update u + 1 while update u still computes (the host never waits for it);
+    # with at most two in flight, update u - 2 is computed before update u is called.
+    mesh = replication.make_mesh(jax.devices()[:1])
+
+    def slow_update(state, key, batch):
+        del batch
+        w = jax.lax.fori_loop(0, 400, lambda i, w: jnp.tanh(w @ w) * 0.5, state["w"])
+        return {"w": w}, key, {FINITE: jnp.all(jnp.isfinite(w)), "loss": jnp.mean(w)}
+
+    update_fn = replication.replicate(slow_update, mesh)
+    calls = []  # per call: whether the outputs of each earlier call were computed
+
+    def recording_update(state, keys, batch):
+        calls.append([out.is_ready() for out in outputs])
+        result = update_fn(state, keys, batch)
+        outputs.append(result[0]["w"])
+        return result
+
+    outputs = []
+    w0 = np.random.default_rng(0).normal(size=(1, 384, 384)).astype(np.float32) / 384
+    state = {"w": replication.from_global(w0, mesh)}
+    keys = replication.from_global(np.zeros((1, 2), np.uint32), mesh)
+    local_params = jax.jit(lambda s: s["w"][0])
+    store = ParamsStore(jax.devices()[1:2], keep=1)
+    store.publish(0, local_params(jax.tree.map(lambda x: x.addressable_shards[0].data, state)))
+    q = queue.Queue()
+    for version in (0, 0, 1, 2):
+        q.put(Rollout([jnp.zeros((1, 2))], oldest_version=version, newest_version=version))
+    learner = Learner(update_fn=recording_update,
+                      local_actor_params=lambda s: local_params(
+                          jax.tree.map(lambda x: x.addressable_shards[0].data, s)),
+                      state=state, keys=keys, mesh=mesh, queues=[q], store=store,
+                      counters=ActorCounters(), num_updates=4, steps_per_update=1,
+                      timeout_s=60.0, seed=0, log_every=4)
+    learner.run(threading.Event())
+
+    assert learner.done.is_set() and store.newest(0)[0] == 4
+    assert calls[0] == []
+    assert calls[1] == [False]  # update 2 called while update 1 computes
+    assert calls[2][0] and calls[3][1]  # update u - 2 computed before update u is called

@@ -104,16 +104,19 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
 
     def loss_fn(params: Params, trajectory: Trajectory, hparams: dict[str, Array]):
         obs = trajectory.timestep.observation  # [T+1, B, ...]
-        t1, b = obs.shape[:2]
-        logits, values = network.apply(params, obs.reshape((t1 * b,) + obs.shape[2:]))
-        logits = logits.reshape(t1, b, -1)
-        values = values.reshape(t1, b)
+        t, b = trajectory.action.shape
+        logits, values = network.apply(params, obs[:-1].reshape((t * b,) + obs.shape[2:]))
+        # x_T only bootstraps: its value enters V-trace's targets, through which no gradient
+        # flows (rlax stops target gradients), so its forward pass needs no backward pass.
+        _, bootstrap = network.apply(jax.lax.stop_gradient(params), obs[-1])
+        logits = logits.reshape(t, b, -1)
+        values = jnp.concatenate([values.reshape(t, b), bootstrap[None]])
         batched = jax.vmap(
             lambda *xs: vtrace_loss(*xs, **hparams),
             in_axes=1,
         )
         out = batched(
-            logits[:-1],
+            logits,
             values,
             trajectory.action,
             trajectory.extras["logits"],
