@@ -210,6 +210,22 @@ _PROGRAMS: dict[str, _Programs] = {}
 _PROGRAMS_KEPT = 4
 
 
+def _run_by_run(fn: Callable) -> Callable:
+    """`jax.vmap(fn)` over a sweep's runs written as one call per run, stacked: nothing in it
+    is batched linear algebra. jaxlib 0.10.2's CPU QR decomposition (behind flax's orthogonal
+    initialisers: PPO's layers, an LSTM's recurrent kernel) splits a batch over the intra-op
+    thread pool and waits for the parts; two batched QRs running at once on a 2-thread pool
+    each wait for a thread the other holds. Seen: an EfficientZero sweep's initialisation
+    asleep for good, both pool threads inside `lapack_sgeqrf_ffi`'s `ParallelBatchMap`."""
+
+    def by_run(*args):
+        runs = jax.tree.leaves(args)[0].shape[0]
+        outs = [fn(*jax.tree.map(lambda x, r=r: x[r], args)) for r in range(runs)]
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+
+    return by_run
+
+
 def _programs(config: ml_collections.ConfigDict, num_devices: int, num_runs: int,
               sweep: bool) -> _Programs:
     """The programs for `config`: from the cache when an earlier call built the same ones
@@ -254,7 +270,7 @@ def _programs(config: ml_collections.ConfigDict, num_devices: int, num_runs: int
         return state.replace(learner_state=agent.set_hparams(state.learner_state, hparams))
 
     if sweep:
-        init, chunk, set_hparams = jax.vmap(init), jax.vmap(chunk), jax.vmap(set_hparams)
+        init, chunk, set_hparams = _run_by_run(init), jax.vmap(chunk), jax.vmap(set_hparams)
     programs = _Programs(
         agent=agent, env=env, mesh=mesh,
         init_fn=replication.replicate(init, mesh),
