@@ -235,6 +235,24 @@ def test_every_ablation_switch_builds_acts_and_learns_finitely(changes, spec):
     assert max(jax.tree.leaves(moved)) > 0
 
 
+def test_augmentation_is_skipped_for_an_mlp_reading_image_observations():
+    # An MLP flattens the frames: a shifted 10x10 grid is another state to it, so only the
+    # convolutional networks get augmented inputs. With the MLP the switch must change nothing.
+    spec = EnvSpec(observation=ArraySpec((10, 10, 4), np.float32), action=DiscreteSpec(3))
+    trajectory = _trajectory(spec, 4, 4, jax.random.key(1))
+    params = []
+    for augment in (True, False):
+        config = small_config(network="mlp", augment=augment, reanalyse_fraction=0.0)
+        agent = agents.make(config, spec)
+        state = agent.init(jax.random.key(0), spec)
+        step = jax.jit(functools.partial(agent.learner_step, axis_name=None))
+        for i in range(2):
+            state, _ = step(state, trajectory, jax.random.key(10 + i))
+        assert int(state.updates) == config.updates_per_step
+        params.append(state.params)
+    jax.tree.map(np.testing.assert_array_equal, *params)
+
+
 def test_bad_efficientzero_fields_fail_naming_the_field():
     from podracer.config import ConfigError
     for changes, field in [({"td_steps_min": 0}, "agent.td_steps_min"),

@@ -56,7 +56,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.td_steps_min = 1
     c.td_age_interval = 0
     c.reanalyse_fraction = 1.0  # the paper reanalyses every sample
-    # Augmentation of image observations (ignored for other observations).
+    # Augmentation of image observations read by a convolutional network (ignored for
+    # other observations and for the MLP network, which flattens them).
     c.augment = True
     c.augment_shift = 4  # pixels
     c.augment_intensity = 0.05

@@ -182,7 +182,9 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
     s = config.batch_size
     steps = jnp.broadcast_to(jnp.arange(k + 1), (s, k + 1))
     observations = mz.observations_at(windows, history + steps, history=history)
-    if config.augment and observations.ndim == 5:
+    # Shifts are a prior for convolutions over real images; an MLP reading a small grid
+    # (MinAtar's 10x10) would see a different input for the same state.
+    if config.augment and observations.ndim == 5 and network.muzero.kind != "mlp":
         observations = augment(observations, augment_key, shift=config.augment_shift,
                                intensity=config.augment_intensity)
     actions = windows["action"][:, history:history + k]
