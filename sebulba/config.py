@@ -96,8 +96,15 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
                               f"({eval_spec} vs training's {spec})",
                               "only change options that keep the spec (e.g. episodic_life)")
     if not isinstance(spec.action, DiscreteSpec):
-        raise cfg.ConfigError("env.task", f"{task!r} has continuous actions",
-                              "choose an environment with discrete actions for this agent")
+        if not agents.accepts_continuous_actions(config.agent.name):
+            raise cfg.ConfigError(
+                "env.task", f"{task!r} has continuous actions",
+                "choose an environment with discrete actions for this agent, or an agent that "
+                f"takes continuous ones ({', '.join(agents.continuous_agents())})")
+        if len(spec.action.shape) != 1:
+            raise cfg.ConfigError("env.task", f"{task!r} takes continuous actions of shape "
+                                  f"{tuple(spec.action.shape)}",
+                                  "choose an environment whose actions are a vector [D]")
 
     # DEVICES
     actor_ids = _device_ids(config, "actor_device_ids", num_local)

@@ -16,7 +16,7 @@ def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0  # with config and devices, fixes a fixed-lag run (README: Determinism)
     config.env = ml_collections.ConfigDict()
-    config.env.task = "CartPole-v1"  # any envpool task id with discrete actions
+    config.env.task = "CartPole-v1"  # any envpool task id with discrete actions (V-trace)
     config.env.protocol = "none"  # Atari only: a name in sebulba.ATARI_PROTOCOLS
     config.env.kwargs = ml_collections.ConfigDict()  # extra envpool options, over the protocol's
     config.env.eval_kwargs = ml_collections.ConfigDict()  # evaluation's options over those
