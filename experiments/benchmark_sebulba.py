@@ -8,7 +8,10 @@ Parts, each with the same environments, threads, devices and network as the full
   learner   the replicated update on the learner devices, on a batch already in place
   sebulba   `sebulba.train`, steady state (compilation and the first log records excluded)
 
-The slowest part alone is the ceiling; Sebulba's job is to overlap the rest behind it. Then,
+The slowest part alone is the ceiling; Sebulba's job is to overlap the rest behind it. When the
+parts share the same cores (simulated CPU devices), the run also prints the shared-core bound,
+1 / (sum over parts of 1 / rate): every part's work done one after the other, which no overlap
+can beat if each part alone already keeps all the cores busy. Then,
 as Figure 4b, end-to-end frames/s for several actor batch sizes (environments per actor
 thread). Frames are environment frames: agent steps x frame skip (4).
 
@@ -65,6 +68,10 @@ from podracer.types import TimeStep
 from sebulba import envpool_env, learner
 from sebulba.actor import acting_view, make_actor_functions
 
+# Process CPU seconds per wall second in each part's timed window (envpool's own C++ threads
+# included): how many cores the part keeps busy on its own.
+CORES_BUSY: dict[str, float] = {}
+
 
 def _in_threads(num_threads: int, body) -> float:
     """Runs `body(i)` in `num_threads` threads; returns the longest one's seconds."""
@@ -100,7 +107,9 @@ def envpool_alone(config, options, seconds: float) -> float:
             envs[i].step(rng.integers(0, num_actions, b, dtype=np.int32))
             steps[i] += b
 
+    cpu = time.process_time()
     elapsed = _in_threads(n, body)
+    CORES_BUSY["envpool alone (random actions)"] = (time.process_time() - cpu) / elapsed
     for env in envs:
         env.close()
     return sum(steps) / elapsed
@@ -133,12 +142,16 @@ def actor_alone(config, options, agent, spec, params, seconds: float) -> float:
                                               key)
             np.asarray(action)
         ready.wait()  # every thread compiled: measure them side by side
-        end = time.perf_counter() + seconds
+        start, cpu = time.perf_counter(), time.process_time()
+        end = start + seconds
         while time.perf_counter() < end:
             action, actor_state, _, key = act(p, actor_state, jax.device_put(acting, device),
                                               key)
             np.asarray(action)
             steps[i] += b
+        if i == 0:
+            CORES_BUSY["actor inference alone"] = ((time.process_time() - cpu)
+                                                   / (time.perf_counter() - start))
 
     _in_threads(len(steps), body)  # includes compilation; the rate below does not
     return sum(steps) / seconds
@@ -158,11 +171,12 @@ def learner_alone(config, agent, spec, num_updates: int) -> float:
     update = replication.replicate(learner.make_update(agent), mesh, donate_argnums=(0, 1))
     state, keys, metrics = update(state, keys, batch)  # compile and warm up
     jax.block_until_ready(metrics)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(num_updates):
         state, keys, metrics = update(state, keys, batch)
     jax.block_until_ready(metrics)
     elapsed = time.perf_counter() - start
+    CORES_BUSY["learner update alone"] = (time.process_time() - cpu) / elapsed
     return num_updates * n * config.envs_per_actor_thread * config.rollout_length / elapsed
 
 
@@ -174,8 +188,10 @@ def end_to_end(config, num_updates: int) -> float:
     config.total_env_steps = num_updates * per_update
     config.log_every_updates = 1
     marks = []
-    sebulba.train(config, log_fn=lambda r: marks.append((time.perf_counter(), r["env_steps"])))
-    (t0, s0), (t1, s1) = marks[1], marks[-1]
+    sebulba.train(config, log_fn=lambda r: marks.append(
+        (time.perf_counter(), time.process_time(), r["env_steps"])))
+    (t0, c0, s0), (t1, c1, s1) = marks[1], marks[-1]
+    CORES_BUSY["end to end"] = (c1 - c0) / (t1 - t0)
     return (s1 - s0) / (t1 - t0)
 
 
@@ -217,11 +233,21 @@ def main(argv):
     ceiling_name = min(parts, key=parts.get)
     ceiling = parts[ceiling_name]
 
-    print("\n| part | agent steps/s | frames/s |\n|---|---:|---:|")
+    print("\n| part | agent steps/s | frames/s | cores busy |\n|---|---:|---:|---:|")
     for name, rate in parts.items():
-        print(f"| {name} | {rate:,.0f} | {rate * frame_skip:,.0f} |")
-    print(f"| **Sebulba end to end** | {e2e:,.0f} | {e2e * frame_skip:,.0f} |")
+        print(f"| {name} | {rate:,.0f} | {rate * frame_skip:,.0f} | "
+              f"{CORES_BUSY.get(name, float('nan')):.2f} |")
+    print(f"| **Sebulba end to end** | {e2e:,.0f} | {e2e * frame_skip:,.0f} | "
+          f"{CORES_BUSY.get('end to end', float('nan')):.2f} |")
     print(f"\nCeiling: {ceiling_name}. End to end = {100 * e2e / ceiling:.0f}% of the ceiling.",
+          flush=True)
+    # Where every part runs on the same cores (simulated CPU devices), an agent step costs the
+    # machine the time of each part's work one after the other, if each part alone keeps all
+    # the cores busy: no overlap can beat the serial sum then. On separate devices (a GPU or
+    # TPU per role, envpool on the host's cores) the slowest part alone is the bound.
+    shared = 1.0 / sum(1.0 / rate for rate in parts.values())
+    print(f"Shared-core bound (1 / sum of 1/part): {shared:,.0f} agent steps/s "
+          f"({shared * frame_skip:,.0f} frames/s); end to end = {100 * e2e / shared:.0f}% of it.",
           flush=True)
 
     if _BATCH_SIZES.value:
