@@ -235,22 +235,25 @@ def test_every_ablation_switch_builds_acts_and_learns_finitely(changes, spec):
     assert max(jax.tree.leaves(moved)) > 0
 
 
-def test_augmentation_is_skipped_for_an_mlp_reading_image_observations():
+def test_augmentation_is_traced_only_for_a_convolutional_network(monkeypatch):
     # An MLP flattens the frames: a shifted 10x10 grid is another state to it, so only the
-    # convolutional networks get augmented inputs. With the MLP the switch must change nothing.
-    spec = EnvSpec(observation=ArraySpec((10, 10, 4), np.float32), action=DiscreteSpec(3))
-    trajectory = _trajectory(spec, 4, 4, jax.random.key(1))
-    params = []
-    for augment in (True, False):
-        config = small_config(network="mlp", augment=augment, reanalyse_fraction=0.0)
-        agent = agents.make(config, spec)
-        state = agent.init(jax.random.key(0), spec)
-        step = jax.jit(functools.partial(agent.learner_step, axis_name=None))
-        for i in range(2):
-            state, _ = step(state, trajectory, jax.random.key(10 + i))
-        assert int(state.updates) == config.updates_per_step
-        params.append(state.params)
-    jax.tree.map(np.testing.assert_array_equal, *params)
+    # convolutional networks get augmented inputs. Tracing the learner step (no compilation)
+    # shows whether augmentation is part of the program.
+    from agents.efficientzero import learning
+
+    calls = []
+    real = learning.augment
+    monkeypatch.setattr(learning, "augment",
+                        lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    trajectory = _trajectory(IMAGE_SPEC, 4, 4, jax.random.key(1))
+    for network, traced in (("mlp", 0), ("resnet", 1)):
+        calls.clear()
+        config = small_config(network=network, augment=True, reanalyse_fraction=0.0)
+        agent = agents.make(config, IMAGE_SPEC)
+        state = jax.eval_shape(lambda k, a=agent: a.init(k, IMAGE_SPEC), jax.random.key(0))
+        jax.eval_shape(functools.partial(agent.learner_step, axis_name=None), state,
+                       trajectory, jax.random.key(2))
+        assert len(calls) == traced, network
 
 
 def test_bad_efficientzero_fields_fail_naming_the_field():
