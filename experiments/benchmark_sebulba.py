@@ -8,10 +8,11 @@ Parts, each with the same environments, threads, devices and network as the full
   learner   the replicated update on the learner devices, on a batch already in place
   sebulba   `sebulba.train`, steady state (compilation and the first log records excluded)
 
-The slowest part alone is the ceiling; Sebulba's job is to overlap the rest behind it. When the
-parts share the same cores (simulated CPU devices), the run also prints the shared-core bound,
-1 / (sum over parts of 1 / rate): every part's work done one after the other, which no overlap
-can beat if each part alone already keeps all the cores busy. Then,
+The slowest part alone is the ceiling; Sebulba's job is to overlap the rest behind it. Each part
+also reports the cores it keeps busy (process CPU seconds per wall second); when the parts share
+the same cores (simulated CPU devices), the run prints the CPU-time bound too: the cores
+divided by the CPU seconds all parts need per agent step, which end to end cannot beat either.
+Then,
 as Figure 4b, end-to-end frames/s for several actor batch sizes (environments per actor
 thread). Frames are environment frames: agent steps x frame skip (4).
 
@@ -241,14 +242,17 @@ def main(argv):
           f"{CORES_BUSY.get('end to end', float('nan')):.2f} |")
     print(f"\nCeiling: {ceiling_name}. End to end = {100 * e2e / ceiling:.0f}% of the ceiling.",
           flush=True)
-    # Where every part runs on the same cores (simulated CPU devices), an agent step costs the
-    # machine the time of each part's work one after the other, if each part alone keeps all
-    # the cores busy: no overlap can beat the serial sum then. On separate devices (a GPU or
-    # TPU per role, envpool on the host's cores) the slowest part alone is the bound.
-    shared = 1.0 / sum(1.0 / rate for rate in parts.values())
-    print(f"Shared-core bound (1 / sum of 1/part): {shared:,.0f} agent steps/s "
-          f"({shared * frame_skip:,.0f} frames/s); end to end = {100 * e2e / shared:.0f}% of it.",
-          flush=True)
+    # Where every part runs on the same cores (simulated CPU devices), they also share the
+    # machine's CPU time: an agent step needs each part's CPU seconds per step (its busy cores
+    # over its rate), and the machine has os.cpu_count() of them per second. End to end can
+    # beat neither that nor the slowest part alone.
+    cpu_per_step = sum(CORES_BUSY[name] / rate for name, rate in parts.items())
+    capacity = (os.cpu_count() or 1) / cpu_per_step
+    bound = min(ceiling, capacity)
+    print(f"CPU-time bound ({os.cpu_count()} cores / sum of the parts' CPU seconds per step): "
+          f"{capacity:,.0f} agent steps/s; the tighter bound, {bound:,.0f}, is "
+          f"{'the slowest part' if bound == ceiling else 'the CPU time'}; end to end = "
+          f"{100 * e2e / bound:.0f}% of it.", flush=True)
 
     if _BATCH_SIZES.value:
         sweep = config.copy_and_resolve_references()
