@@ -6,11 +6,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import ml_collections
+import numpy as np
 
 from podracer.agent import Agent
-from podracer.types import EnvSpec
+from podracer.config import ConfigError
+from podracer.types import DiscreteSpec, EnvSpec
 
 
 def _vtrace(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
@@ -62,6 +65,27 @@ def continuous_agents() -> list[str]:
     return sorted(_CONTINUOUS)
 
 
+def check_action_spec(action_spec: Any, agent_name: str, *, field: str, env_name: str) -> None:
+    """Raises `ConfigError` on `field` (the environment's config field) unless agent
+    `agent_name` can act in `env_name`'s action space: one discrete action per step, or, for
+    agents that take them, continuous actions of shape [D]. Both runners validate with it."""
+    integer = np.issubdtype(np.dtype(action_spec.dtype), np.integer)
+    continuous = not isinstance(action_spec, DiscreteSpec) and not integer
+    shape = tuple(action_spec.shape)
+    if continuous and not accepts_continuous_actions(agent_name):
+        raise ConfigError(
+            field, f"{env_name!r} has continuous actions",
+            "choose an environment with discrete actions for this agent, or an agent that "
+            f"takes continuous ones ({', '.join(continuous_agents())})")
+    if continuous and len(shape) != 1:
+        raise ConfigError(field, f"{env_name!r} takes continuous actions of shape {shape}",
+                          "choose an environment whose actions are a vector [D]")
+    if not continuous and (not isinstance(action_spec, DiscreteSpec) or shape != ()):
+        raise ConfigError(
+            field, f"{env_name!r} takes one discrete action per entry (shape {shape})",
+            "choose an environment with a single discrete action per step for this agent")
+
+
 def make(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     """Builds the agent `config.name` for an environment with `env_spec`."""
     if config.name not in _FACTORIES:
@@ -69,4 +93,5 @@ def make(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     return _FACTORIES[config.name](config, env_spec)
 
 
-__all__ = ["accepts_continuous_actions", "continuous_agents", "make", "registered"]
+__all__ = ["accepts_continuous_actions", "check_action_spec", "continuous_agents", "make",
+           "registered"]

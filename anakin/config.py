@@ -6,12 +6,10 @@ import dataclasses
 from typing import Any
 
 import ml_collections
-import numpy as np
 
 import agents
 import envs_jax
 from podracer import config as cfg
-from podracer.types import DiscreteSpec
 
 # The checkpoint and evaluation fields, shared with Sebulba (see `podracer.config`).
 DEFAULTS: dict[str, Any] = cfg.RUN_OPTION_DEFAULTS
@@ -100,23 +98,8 @@ def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> i
     cfg.require_divisible(config, "num_envs", num_devices, "the number of devices")
     env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
     action_spec = env.action_spec()
-    integer = np.issubdtype(np.dtype(action_spec.dtype), np.integer)
-    continuous = not isinstance(action_spec, DiscreteSpec) and not integer
-    if continuous and not agents.accepts_continuous_actions(config.agent.name):
-        raise cfg.ConfigError(
-            "env.name", f"{config.env.name!r} has continuous actions",
-            "choose an environment with discrete actions for this agent, or an agent that "
-            f"takes continuous ones ({', '.join(agents.continuous_agents())})")
-    if continuous and len(action_spec.shape) != 1:
-        raise cfg.ConfigError(
-            "env.name", f"{config.env.name!r} takes continuous actions of shape "
-            f"{tuple(action_spec.shape)}", "choose an environment whose actions are a vector [D]")
-    if not continuous and (not isinstance(action_spec, DiscreteSpec)
-                           or tuple(action_spec.shape) != ()):
-        raise cfg.ConfigError(
-            "env.name", f"{config.env.name!r} takes one discrete action per entry (shape "
-            f"{tuple(action_spec.shape)})",
-            "choose an environment with a single discrete action per step for this agent")
+    agents.check_action_spec(action_spec, config.agent.name, field="env.name",
+                             env_name=config.env.name)
     reward_shape = tuple(env.reward_spec().shape)
     if reward_shape != ():
         raise cfg.ConfigError(

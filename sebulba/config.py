@@ -10,7 +10,6 @@ import ml_collections
 
 import agents
 from podracer import config as cfg
-from podracer.types import DiscreteSpec
 from sebulba import envpool_env
 
 STALENESS = ("fixed", "latest")
@@ -95,16 +94,7 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
         raise cfg.ConfigError("env.eval_kwargs", "change the observation or action spec "
                               f"({eval_spec} vs training's {spec})",
                               "only change options that keep the spec (e.g. episodic_life)")
-    if not isinstance(spec.action, DiscreteSpec):
-        if not agents.accepts_continuous_actions(config.agent.name):
-            raise cfg.ConfigError(
-                "env.task", f"{task!r} has continuous actions",
-                "choose an environment with discrete actions for this agent, or an agent that "
-                f"takes continuous ones ({', '.join(agents.continuous_agents())})")
-        if len(spec.action.shape) != 1:
-            raise cfg.ConfigError("env.task", f"{task!r} takes continuous actions of shape "
-                                  f"{tuple(spec.action.shape)}",
-                                  "choose an environment whose actions are a vector [D]")
+    agents.check_action_spec(spec.action, config.agent.name, field="env.task", env_name=task)
 
     # DEVICES
     actor_ids = _device_ids(config, "actor_device_ids", num_local)

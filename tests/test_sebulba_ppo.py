@@ -7,16 +7,14 @@ on envpool Pendulum-v1 (continuous actions)."""
 import pytest
 
 import sebulba
-from experiments.configs import sebulba_ppo_cartpole
-
-STEPS_PER_UPDATE = 8 * 128  # envs_per_actor_thread x rollout_length
+from experiments.configs import sebulba_ppo_cartpole, sebulba_ppo_pendulum
 
 
-def _config(updates: int, **overrides):
-    config = sebulba_ppo_cartpole.get_config()
+def _config(updates: int, module=sebulba_ppo_cartpole, **overrides):
+    config = module.get_config()
     config.actor_device_ids = (0,)
     config.learner_device_ids = (1,)
-    config.total_env_steps = updates * STEPS_PER_UPDATE
+    config.total_env_steps = updates * config.envs_per_actor_thread * config.rollout_length
     config.log_every_updates = 10
     config.eval_every_updates = 0
     config.checkpoint_every_updates = 0
@@ -92,17 +90,7 @@ def test_shipped_ppo_configs_are_valid():
 def test_gaussian_policy_improves_on_envpool_pendulum():
     """Continuous actions through envpool: the Gaussian policy's [B, 1] torques go to envpool's
     C++ Pendulum-v1 (which clips them to [-2, 2]); lag 0, so on-policy as in Anakin."""
-    from experiments.configs import sebulba_ppo_pendulum
-
-    config = sebulba_ppo_pendulum.get_config()
-    config.actor_device_ids = (0,)
-    config.learner_device_ids = (1,)
-    config.total_env_steps = 30 * 16 * 128  # 30 updates, 61,440 steps
-    config.log_every_updates = 5
-    config.eval_every_updates = 0
-    config.checkpoint_every_updates = 0
-    config.timeout_s = 120.0
-    result = sebulba.train(config)
+    result = sebulba.train(_config(30, sebulba_ppo_pendulum, log_every_updates=5))  # 61,440 steps
     assert result.policy_lags == [0] * 30
     assert all(r["first_ratio_deviation"] <= 1e-5 for r in result.history)
     returns = [round(r["episode_return"]) for r in result.history]
