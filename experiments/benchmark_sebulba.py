@@ -57,6 +57,7 @@ _set_cpu_devices(sys.argv)
 import platform
 import threading
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,9 +70,12 @@ from podracer.types import TimeStep
 from sebulba import envpool_env, learner
 from sebulba.actor import acting_view, make_actor_functions
 
-# Process CPU seconds per wall second in each part's timed window (envpool's own C++ threads
-# included): how many cores the part keeps busy on its own.
-CORES_BUSY: dict[str, float] = {}
+
+class Rate(NamedTuple):
+    """A part's agent steps per second, and the cores it keeps busy meanwhile: process CPU
+    seconds per wall second in its timed window (envpool's own C++ threads included)."""
+    steps_per_second: float
+    cores_busy: float
 
 
 def _in_threads(num_threads: int, body) -> float:
@@ -91,7 +95,7 @@ def _in_threads(num_threads: int, body) -> float:
     return max(times)
 
 
-def envpool_alone(config, options, seconds: float) -> float:
+def envpool_alone(config, options, seconds: float) -> Rate:
     """Agent steps per second of the actor threads' envpool batches, random actions."""
     n = config.actor_threads_per_device * len(config.actor_device_ids)
     b = config.envs_per_actor_thread
@@ -110,13 +114,13 @@ def envpool_alone(config, options, seconds: float) -> float:
 
     cpu = time.process_time()
     elapsed = _in_threads(n, body)
-    CORES_BUSY["envpool alone (random actions)"] = (time.process_time() - cpu) / elapsed
+    busy = (time.process_time() - cpu) / elapsed
     for env in envs:
         env.close()
-    return sum(steps) / elapsed
+    return Rate(sum(steps) / elapsed, busy)
 
 
-def actor_alone(config, options, agent, spec, params, seconds: float) -> float:
+def actor_alone(config, options, agent, spec, params, seconds: float) -> Rate:
     """Agent steps per second of `actor_step` in the actor threads, on the actor devices."""
     local = jax.local_devices()
     devices = [local[i] for i in config.actor_device_ids]
@@ -131,6 +135,7 @@ def actor_alone(config, options, agent, spec, params, seconds: float) -> float:
     acting = acting_view(TimeStep(step_type=np.ones(b, np.int32), reward=np.zeros(b, np.float32),
                                   discount=np.ones(b, np.float32), observation=obs))
     steps = [0] * (n_per * len(devices))
+    busy = [0.0]
     ready = threading.Barrier(len(steps))
 
     def body(i):
@@ -151,14 +156,13 @@ def actor_alone(config, options, agent, spec, params, seconds: float) -> float:
             np.asarray(action)
             steps[i] += b
         if i == 0:
-            CORES_BUSY["actor inference alone"] = ((time.process_time() - cpu)
-                                                   / (time.perf_counter() - start))
+            busy[0] = (time.process_time() - cpu) / (time.perf_counter() - start)
 
     _in_threads(len(steps), body)  # includes compilation; the rate below does not
-    return sum(steps) / seconds
+    return Rate(sum(steps) / seconds, busy[0])
 
 
-def learner_alone(config, agent, spec, num_updates: int) -> float:
+def learner_alone(config, agent, spec, num_updates: int) -> Rate:
     """Agent steps per second consumed by the replicated update on the learner devices."""
     local = jax.local_devices()
     mesh = replication.make_mesh([local[i] for i in config.learner_device_ids])
@@ -177,11 +181,11 @@ def learner_alone(config, agent, spec, num_updates: int) -> float:
         state, keys, metrics = update(state, keys, batch)
     jax.block_until_ready(metrics)
     elapsed = time.perf_counter() - start
-    CORES_BUSY["learner update alone"] = (time.process_time() - cpu) / elapsed
-    return num_updates * n * config.envs_per_actor_thread * config.rollout_length / elapsed
+    steps = num_updates * n * config.envs_per_actor_thread * config.rollout_length
+    return Rate(steps / elapsed, (time.process_time() - cpu) / elapsed)
 
 
-def end_to_end(config, num_updates: int) -> float:
+def end_to_end(config, num_updates: int) -> Rate:
     """Steady-state agent steps per second of `sebulba.train` (after two warm-up updates)."""
     config = config.copy_and_resolve_references()
     n = config.actor_threads_per_device * len(config.actor_device_ids)
@@ -192,8 +196,7 @@ def end_to_end(config, num_updates: int) -> float:
     sebulba.train(config, log_fn=lambda r: marks.append(
         (time.perf_counter(), time.process_time(), r["env_steps"])))
     (t0, c0, s0), (t1, c1, s1) = marks[1], marks[-1]
-    CORES_BUSY["end to end"] = (c1 - c0) / (t1 - t0)
-    return (s1 - s0) / (t1 - t0)
+    return Rate((s1 - s0) / (t1 - t0), (c1 - c0) / (t1 - t0))
 
 
 def main(argv):
@@ -219,40 +222,39 @@ def main(argv):
           flush=True)
 
     params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
-    parts = {}
+    parts: dict[str, Rate] = {}
     parts["envpool alone (random actions)"] = envpool_alone(config, options, _SECONDS.value)
-    print(f"envpool alone: {parts['envpool alone (random actions)'] * frame_skip:,.0f} "
+    print(f"envpool alone: {parts['envpool alone (random actions)'][0] * frame_skip:,.0f} "
           "frames/s", flush=True)
     parts["actor inference alone"] = actor_alone(config, options, agent, spec, params,
                                                   _SECONDS.value)
-    print(f"actor alone: {parts['actor inference alone'] * frame_skip:,.0f} frames/s",
+    print(f"actor alone: {parts['actor inference alone'][0] * frame_skip:,.0f} frames/s",
           flush=True)
     parts["learner update alone"] = learner_alone(config, agent, spec, _LEARNER_UPDATES.value)
-    print(f"learner alone: {parts['learner update alone'] * frame_skip:,.0f} frames/s",
+    print(f"learner alone: {parts['learner update alone'][0] * frame_skip:,.0f} frames/s",
           flush=True)
     e2e = end_to_end(config, _E2E_UPDATES.value)
-    ceiling_name = min(parts, key=parts.get)
-    ceiling = parts[ceiling_name]
+    ceiling_name = min(parts, key=lambda name: parts[name].steps_per_second)
+    ceiling = parts[ceiling_name].steps_per_second
 
     print("\n| part | agent steps/s | frames/s | cores busy |\n|---|---:|---:|---:|")
-    for name, rate in parts.items():
-        print(f"| {name} | {rate:,.0f} | {rate * frame_skip:,.0f} | "
-              f"{CORES_BUSY.get(name, float('nan')):.2f} |")
-    print(f"| **Sebulba end to end** | {e2e:,.0f} | {e2e * frame_skip:,.0f} | "
-          f"{CORES_BUSY.get('end to end', float('nan')):.2f} |")
-    print(f"\nCeiling: {ceiling_name}. End to end = {100 * e2e / ceiling:.0f}% of the ceiling.",
-          flush=True)
+    for name, (rate, busy) in parts.items():
+        print(f"| {name} | {rate:,.0f} | {rate * frame_skip:,.0f} | {busy:.2f} |")
+    print(f"| **Sebulba end to end** | {e2e.steps_per_second:,.0f} | "
+          f"{e2e.steps_per_second * frame_skip:,.0f} | {e2e.cores_busy:.2f} |")
+    print(f"\nCeiling: {ceiling_name}. End to end = "
+          f"{100 * e2e.steps_per_second / ceiling:.0f}% of the ceiling.", flush=True)
     # Where every part runs on the same cores (simulated CPU devices), they also share the
     # machine's CPU time: an agent step needs each part's CPU seconds per step (its busy cores
     # over its rate), and the machine has os.cpu_count() of them per second. End to end can
     # beat neither that nor the slowest part alone.
-    cpu_per_step = sum(CORES_BUSY[name] / rate for name, rate in parts.items())
+    cpu_per_step = sum(busy / rate for rate, busy in parts.values())
     capacity = (os.cpu_count() or 1) / cpu_per_step
     bound = min(ceiling, capacity)
     print(f"CPU-time bound ({os.cpu_count()} cores / sum of the parts' CPU seconds per step): "
           f"{capacity:,.0f} agent steps/s; the tighter bound, {bound:,.0f}, is "
           f"{'the slowest part' if bound == ceiling else 'the CPU time'}; end to end = "
-          f"{100 * e2e / bound:.0f}% of it.", flush=True)
+          f"{100 * e2e.steps_per_second / bound:.0f}% of it.", flush=True)
 
     if _BATCH_SIZES.value:
         sweep = config.copy_and_resolve_references()
@@ -272,7 +274,8 @@ def main(argv):
                      actor_alone(sweep, options, agent, spec, params, seconds),
                      learner_alone(sweep, agent, spec, _LEARNER_UPDATES.value),
                      end_to_end(sweep, _E2E_UPDATES.value)]
-            print(f"| {b} | {b * n} | " + " | ".join(f"{r * frame_skip:,.0f}" for r in rates)
+            print(f"| {b} | {b * n} | "
+                  + " | ".join(f"{r.steps_per_second * frame_skip:,.0f}" for r in rates)
                   + " |", flush=True)
 
 
