@@ -266,6 +266,20 @@ def test_bad_efficientzero_fields_fail_naming_the_field():
             agents.make(small_config(**changes), SPEC)
 
 
+def test_from_muzero_carries_muzeros_changes_and_keeps_efficientzeros_defaults():
+    mz = muzero.default_config()
+    mz.learning_rate = 0.123  # changed by the MuZero setting: carried over
+    mz.td_steps = 9
+    mz.hidden_sizes = (7,)
+    config = ez.from_muzero(mz)
+    assert config.name == "efficientzero"
+    assert (config.learning_rate, config.td_steps, config.hidden_sizes) == (0.123, 9, (7,))
+    # Fields the MuZero setting left alone are EfficientZero's defaults (the paper's values).
+    assert config.value_prefix and config.consistency and config.consistency_cost == 2.0
+    assert config.reanalyse_fraction == 1.0 and config.value_prefix_horizon == 5
+    assert config.batch_size == muzero.default_config().batch_size
+
+
 def test_shipped_efficientzero_configs_are_valid():
     import anakin
     import sebulba

@@ -75,6 +75,19 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
+def from_muzero(muzero_config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """EfficientZero's defaults with every field a MuZero setting changed from MuZero's
+    defaults carried over, so an EfficientZero config stays in step with the MuZero config it
+    builds on (networks, search, replay, optimiser). EfficientZero's own fields keep their
+    defaults; set them, and any field to differ from MuZero's, afterwards."""
+    config = default_config()
+    base = muzero.default_config()
+    for field, value in muzero_config.items():
+        if field != "name" and value != base.get(field):
+            config[field] = value
+    return config
+
+
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
     """The optimiser `config.optimizer`, its hyperparameters held in its state."""
     if config.optimizer == "adamw":

@@ -9,17 +9,10 @@ import ml_collections
 from agents import efficientzero
 from experiments.configs import muzero_cartpole
 
-SHARED = ("num_simulations", "search", "discount", "hidden_sizes", "latent_size",
-          "learning_rate", "value_cost", "batch_size", "updates_per_step", "priority_exponent",
-          "replay_capacity", "min_replay_items", "target_update_interval")
-
 
 def get_config() -> ml_collections.ConfigDict:
     config = muzero_cartpole.get_config()
-    mz = config.agent
-    config.agent = efficientzero.default_config()
-    for field in SHARED:
-        config.agent[field] = mz[field]
+    config.agent = efficientzero.from_muzero(config.agent)
     config.agent.rollout_length = config.get_ref("rollout_length")
     config.agent.projection_hidden = 64
     config.agent.projection_size = 64

@@ -16,13 +16,7 @@ from experiments.configs import muzero_catch
 
 def get_config() -> ml_collections.ConfigDict:
     config = muzero_catch.get_config()
-    mz = config.agent
-    config.agent = efficientzero.default_config()
-    for field in ("num_simulations", "search", "hidden_sizes", "latent_size", "learning_rate",
-                  "value_cost", "batch_size", "updates_per_step", "priority_exponent",
-                  "importance_exponent", "importance_anneal_updates", "replay_capacity",
-                  "min_replay_items", "target_update_interval", "unroll_steps", "td_steps"):
-        config.agent[field] = mz[field]
+    config.agent = efficientzero.from_muzero(config.agent)
     config.agent.rollout_length = config.get_ref("rollout_length")
     config.agent.value_prefix_horizon = 3  # Catch's unroll is K = 3 steps
     config.agent.lstm_size = 64

@@ -13,18 +13,10 @@ import ml_collections
 from agents import efficientzero
 from experiments.configs import muzero_minatar
 
-SHARED = ("network", "num_simulations", "search", "discount", "hidden_sizes", "latent_size",
-          "learning_rate", "value_cost", "batch_size", "updates_per_step", "priority_exponent",
-          "importance_exponent", "importance_anneal_updates", "replay_capacity",
-          "min_replay_items", "target_update_interval", "unroll_steps")
-
 
 def get_config() -> ml_collections.ConfigDict:
     config = muzero_minatar.get_config()
-    mz = config.agent
-    config.agent = efficientzero.default_config()
-    for field in SHARED:
-        config.agent[field] = mz[field]
+    config.agent = efficientzero.from_muzero(config.agent)
     config.agent.rollout_length = config.get_ref("rollout_length")
     config.agent.td_steps = 5  # EfficientZero's n
     config.agent.reanalyse_fraction = 0.0
