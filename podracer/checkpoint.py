@@ -10,10 +10,7 @@ it to a 64-bit fingerprint there; both are computed on the devices after the wor
 queued, and the caller goes on at once (it may donate or overwrite its arrays: the copy is the
 checkpoint's). With `asynchronous=True`, in a single process, a writer thread then waits for
 the copy, fetches the fingerprint (two words) and has orbax write the files; the caller only
-waits if it saves again before the previous save is on disk. On Linux the writer thread (and
-the threads orbax starts from it) runs at the lowest CPU priority (nice 19): on a host whose
-cores also run the computation (the CPU backend), writing then takes only the cycles the
-computation leaves idle instead of an equal share of the cores. In a multi-process run orbax's
+waits if it saves again before the previous save is on disk. In a multi-process run orbax's
 barriers are collectives that every process must enter in the same order as its training
 steps, so the writing is handed to orbax from the calling thread instead, at the `save` call:
 that waits for the copy to be computed and for orbax's copy to host memory, and orbax writes
@@ -43,7 +40,6 @@ import os
 import queue
 import shutil
 import signal
-import sys
 import threading
 import time
 import zlib
@@ -56,23 +52,6 @@ from absl import logging
 
 _STATE = "state"
 _META = "meta"
-
-
-WRITER_NICENESS = 19  # the writer thread's nice value (Linux): the lowest CPU priority
-
-
-def _lower_this_threads_priority() -> None:
-    """Gives the calling thread, and the threads it starts later, the nice value
-    `WRITER_NICENESS` (Linux only: there a thread id names one thread; elsewhere it would name
-    a process, so nothing is done). A failure leaves the priority as it was."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, max(WRITER_NICENESS,
-                                                 os.getpriority(os.PRIO_PROCESS, tid)))
-    except OSError as error:  # e.g. a sandbox that forbids it: writing still works
-        logging.warning("Could not lower the checkpoint writer's priority: %s", error)
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -324,7 +303,6 @@ class Checkpointer:
         )
 
     def _write_jobs(self) -> None:
-        _lower_this_threads_priority()
         while True:
             job = self._jobs.get()
             if job is None:

@@ -5,8 +5,6 @@ state nor lose it to donation, and SIGTERM turned into a flag."""
 import json
 import os
 import signal
-import sys
-import threading
 import time
 
 import jax
@@ -282,32 +280,6 @@ def test_asynchronous_save_does_not_wait_for_the_state(tmp_path):
     assert returned_before == [True], (save_seconds, compute_seconds)
     np.testing.assert_array_equal(np.asarray(restored.state["x"]), np.asarray(y))
     assert restored.metadata["fingerprint"].startswith("device2:")
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
-def test_the_writer_thread_writes_at_the_lowest_cpu_priority(tmp_path, mesh, monkeypatch):
-    # On the CPU backend the writer shares the cores with the computation; at nice 19 it takes
-    # only the idle cycles. The caller's own priority must not change.
-    def nice():
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    caller_before = nice()
-    seen = {}
-    with Checkpointer(str(tmp_path), asynchronous=True) as checkpointer:
-        orbax_save = checkpointer._manager.save
-
-        def save(*args, **kwargs):
-            seen["writer"] = nice()
-            started = threading.Thread(target=lambda: seen.setdefault("its_thread", nice()))
-            started.start()
-            started.join()
-            return orbax_save(*args, **kwargs)
-
-        monkeypatch.setattr(checkpointer._manager, "save", save)
-        checkpointer.save(1, _state(mesh))
-        assert checkpointer.steps() == [1]
-    assert seen == {"writer": 19, "its_thread": 19}
-    assert nice() == caller_before
 
 
 def test_a_failed_asynchronous_save_is_raised_by_the_next_call(tmp_path, mesh, monkeypatch):
