@@ -7,9 +7,14 @@
                after every chunk
   shipped      a workdir, with the config's own evaluation and checkpoint intervals
 Every variant runs once to compile and warm up; then `--rounds` rounds run them in turn
-(interleaved, the order rotating, so that other load on the machine falls on all alike). Throughput is
-env steps over the run's seconds, from its first chunk's dispatch to the last checkpoint on
-disk (compilation excluded). The load average is printed with every round.
+(interleaved, the order rotating, so that other load on the machine falls on all alike). Two
+throughputs per run, both excluding compilation:
+  chunks   env steps between the first and the last chunk's metrics over the seconds between
+           them: the steady state, with every logging, evaluation and checkpoint hand-off that
+           falls between them (the host loop fetches a chunk's metrics while the next computes)
+  run      env steps over the run's seconds, from its first chunk's dispatch to the last
+           checkpoint on disk: adds the first chunk and the wait for the final save
+The load average is printed with every round.
 
     python -m experiments.benchmark_anakin_host [--config=...] [--chunks=12] [--rounds=3]
 """
@@ -48,7 +53,8 @@ def _variant(config, name: str, chunks: int):
     return config, name != "off"
 
 
-def _run(config, name: str, chunks: int) -> float:
+def _run(config, name: str, chunks: int) -> tuple[float, float]:
+    """(chunks, run) env steps per second of one run of variant `name` (module docstring)."""
     config, with_workdir = _variant(config, name, chunks)
     workdir = tempfile.mkdtemp(prefix=f"anakin-host-{name}-") if with_workdir else None
     try:
@@ -56,7 +62,10 @@ def _run(config, name: str, chunks: int) -> float:
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
-    return result.final_metrics["env_steps"] / result.run_seconds
+    first, last = result.history[0], result.history[-1]
+    chunk_rate = ((last["env_steps"] - first["env_steps"])
+                  / (last["wall_time"] - first["wall_time"]))
+    return chunk_rate, result.final_metrics["env_steps"] / result.run_seconds
 
 
 def main(argv):
@@ -72,30 +81,34 @@ def main(argv):
           f"checkpoint every {config.checkpoint_every_updates} updates", flush=True)
     for name in _VARIANTS.value:  # compile and warm up every program, the evaluator included
         _run(config, name, 2)
-    rates: dict[str, list[float]] = {name: [] for name in _VARIANTS.value}
+    rates = {kind: {name: [] for name in _VARIANTS.value} for kind in ("chunks", "run")}
     for r in range(_ROUNDS.value):
         load = os.getloadavg()[0]
         row = []
         # The order rotates from round to round, so that no variant always runs first.
         shift = r % len(_VARIANTS.value)
         for name in _VARIANTS.value[shift:] + _VARIANTS.value[:shift]:
-            rates[name].append(_run(config, name, _CHUNKS.value))
-            row.append(f"{name} {rates[name][-1]:,.0f}")
-        print(f"round {r}: load {load:.1f} -> {os.getloadavg()[0]:.1f}; env steps/s: "
-              + ", ".join(row), flush=True)
-    base = np.median(rates[_VARIANTS.value[0]])
-    print("\n| variant | median env steps/s | rounds | share of "
-          f"'{_VARIANTS.value[0]}' |\n|---|---:|---|---:|")
-    for name, values in rates.items():
-        print(f"| {name} | {np.median(values):,.0f} | "
-              + ", ".join(f"{v:,.0f}" for v in values)
-              + f" | {100 * np.median(values) / base:.1f}% |")
-    # Per-round ratios (the same round's variants ran back to back under the same load).
-    for name in _VARIANTS.value[1:]:
-        ratios = [a / b for a, b in zip(rates[name], rates[_VARIANTS.value[0]])]
-        print(f"{name} / {_VARIANTS.value[0]} per round: "
-              + ", ".join(f"{100 * x:.1f}%" for x in ratios)
-              + f" (median {100 * np.median(ratios):.1f}%)")
+            chunk_rate, run_rate = _run(config, name, _CHUNKS.value)
+            rates["chunks"][name].append(chunk_rate)
+            rates["run"][name].append(run_rate)
+            row.append(f"{name} {chunk_rate:,.0f} / {run_rate:,.0f}")
+        print(f"round {r}: load {load:.1f} -> {os.getloadavg()[0]:.1f}; env steps/s (chunks / "
+              "run): " + ", ".join(row), flush=True)
+    base_name = _VARIANTS.value[0]
+    for kind, by_name in rates.items():
+        base = np.median(by_name[base_name])
+        print(f"\n{kind}: | variant | median env steps/s | rounds | share of '{base_name}' |"
+              "\n|---|---:|---|---:|")
+        for name, values in by_name.items():
+            print(f"| {name} | {np.median(values):,.0f} | "
+                  + ", ".join(f"{v:,.0f}" for v in values)
+                  + f" | {100 * np.median(values) / base:.1f}% |")
+        # Per-round ratios (the same round's variants ran back to back under the same load).
+        for name in _VARIANTS.value[1:]:
+            ratios = [a / b for a, b in zip(by_name[name], by_name[base_name])]
+            print(f"{kind}: {name} / {base_name} per round: "
+                  + ", ".join(f"{100 * x:.1f}%" for x in ratios)
+                  + f" (median {100 * np.median(ratios):.1f}%)")
 
 
 if __name__ == "__main__":
