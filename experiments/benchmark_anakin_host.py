@@ -36,7 +36,9 @@ import anakin
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "configs", "vtrace_catch.py"),
     "Experiment config.")
-_CHUNKS = flags.DEFINE_integer("chunks", 12, "Chunks per timed run.")
+_CHUNKS = flags.DEFINE_integer("chunks", 12, "Chunks per timed run (at least 2: the chunk "
+                               "throughput is measured between the first and the last).",
+                               lower_bound=2)
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved rounds of every variant.")
 _VARIANTS = flags.DEFINE_list("variants", ["off", "ckpt", "all", "shipped"],
                               "Variants to run; the first is the baseline.")

@@ -223,16 +223,15 @@ def main(argv):
 
     params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
     parts: dict[str, Rate] = {}
-    parts["envpool alone (random actions)"] = envpool_alone(config, options, _SECONDS.value)
-    print(f"envpool alone: {parts['envpool alone (random actions)'][0] * frame_skip:,.0f} "
-          "frames/s", flush=True)
-    parts["actor inference alone"] = actor_alone(config, options, agent, spec, params,
-                                                  _SECONDS.value)
-    print(f"actor alone: {parts['actor inference alone'][0] * frame_skip:,.0f} frames/s",
-          flush=True)
-    parts["learner update alone"] = learner_alone(config, agent, spec, _LEARNER_UPDATES.value)
-    print(f"learner alone: {parts['learner update alone'][0] * frame_skip:,.0f} frames/s",
-          flush=True)
+    for name, measure in (
+            ("envpool alone (random actions)",
+             lambda: envpool_alone(config, options, _SECONDS.value)),
+            ("actor inference alone",
+             lambda: actor_alone(config, options, agent, spec, params, _SECONDS.value)),
+            ("learner update alone",
+             lambda: learner_alone(config, agent, spec, _LEARNER_UPDATES.value))):
+        parts[name] = measure()
+        print(f"{name}: {parts[name].steps_per_second * frame_skip:,.0f} frames/s", flush=True)
     e2e = end_to_end(config, _E2E_UPDATES.value)
     ceiling_name = min(parts, key=lambda name: parts[name].steps_per_second)
     ceiling = parts[ceiling_name].steps_per_second
