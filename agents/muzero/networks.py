@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from agents.layers import Conv
 from podracer.types import Array, EnvSpec
 
 
@@ -47,8 +48,8 @@ class _ResBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        y = nn.relu(nn.LayerNorm()(nn.Conv(self.channels, (3, 3))(x)))
-        y = nn.LayerNorm()(nn.Conv(self.channels, (3, 3))(y))
+        y = nn.relu(nn.LayerNorm()(Conv(self.channels, (3, 3))(x)))
+        y = nn.LayerNorm()(Conv(self.channels, (3, 3))(y))
         return nn.relu(x + y)
 
 
@@ -75,15 +76,15 @@ class MuZeroNetwork(nn.Module):
                 # stride-2 conv to C/2 channels and a residual block, a stride-2 conv to C and a
                 # residual block, then 3x3 average pooling with stride 2 twice, a residual
                 # block between them: 96x96 -> 6x6.
-                self.repr_down = [nn.Conv(self.channels // 2, (3, 3), strides=(2, 2)),
-                                  nn.Conv(self.channels, (3, 3), strides=(2, 2))]
+                self.repr_down = [Conv(self.channels // 2, (3, 3), strides=(2, 2)),
+                                  Conv(self.channels, (3, 3), strides=(2, 2))]
                 self.down_blocks = [_ResBlock(self.channels // 2), _ResBlock(self.channels),
                                     _ResBlock(self.channels)]
             else:
-                self.repr_down = [nn.Conv(self.channels, (3, 3), strides=(2, 2)),
-                                  nn.Conv(self.channels, (3, 3), strides=(2, 2))]
+                self.repr_down = [Conv(self.channels, (3, 3), strides=(2, 2)),
+                                  Conv(self.channels, (3, 3), strides=(2, 2))]
             self.repr_blocks = [_ResBlock(self.channels) for _ in range(self.num_blocks)]
-            self.dyn_in = nn.Conv(self.channels, (3, 3))
+            self.dyn_in = Conv(self.channels, (3, 3))
             self.dyn_blocks = [_ResBlock(self.channels) for _ in range(self.num_blocks)]
             self.pred_blocks = [_ResBlock(self.channels) for _ in range(self.num_blocks)]
         self.reward_head = Head(self.num_bins, self.hidden_sizes)

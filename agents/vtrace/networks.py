@@ -4,7 +4,8 @@
 observations; `"conv"` is the small Atari convolutional torso (DQN-style);
 `"resnet"` is the IMPALA deep residual torso; `"auto"` is `"conv"` for observations of rank 3
 and `"mlp"` otherwise. Image observations stored as uint8 are scaled to [0, 1] here, so
-buffers and device transfers keep their native dtype.
+buffers and device transfers keep their native dtype. Convolutions and max-pooling are
+`agents.layers`' (flax's, with gradients XLA:CPU computes faster).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from agents.layers import Conv, max_pool_3x3_stride_2
 from podracer.types import Array, EnvSpec
 
 
@@ -23,68 +25,6 @@ def _as_float(x: Array) -> Array:
     if x.dtype == jnp.uint8:
         return x.astype(jnp.float32) / 255.0
     return x.astype(jnp.float32)
-
-
-def _same_padding(size: int) -> tuple[int, int]:
-    """(output size, low padding) of a 3-wide, stride-2 window under "SAME" padding."""
-    out = -(-size // 2)
-    return out, max(2 * (out - 1) + 3 - size, 0) // 2
-
-
-def _reference_max_pool(x: Array) -> Array:
-    return nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
-
-
-@jax.custom_vjp
-def max_pool_3x3_stride_2(x: Array) -> Array:
-    """`nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")` on [B, H, W, C], with the same
-    gradient, bit for bit, computed without XLA's select-and-scatter.
-
-    On CPU, XLA runs the select-and-scatter of max-pooling's gradient as a slow loop: for the
-    IMPALA ResNet on 84 x 84 Atari frames, about a quarter of the learner's forward and backward
-    pass (docs/benchmarks.md, Sebulba). Here the gradient is elementwise work on the four stride-2 phases
-    of the padded input. Each window sends its gradient to its first maximal element in
-    row-major order (as select-and-scatter with `>=` does, so ties go where XLA sends them),
-    and an element in several windows sums their gradients in the windows' row-major order.
-    """
-    return _reference_max_pool(x)
-
-
-def _max_pool_fwd(x: Array) -> tuple[Array, tuple[Array, Array]]:
-    y = _reference_max_pool(x)
-    return y, (x, y)
-
-
-def _max_pool_bwd(residuals: tuple[Array, Array], g: Array) -> tuple[Array]:
-    x, y = residuals
-    n, h, w, c = x.shape
-    oh, lo_h = _same_padding(h)
-    ow, lo_w = _same_padding(w)
-    # Padded to 2(oh+1) x 2(ow+1), then split into stride-2 phases: [n, oh+1, 2, ow+1, 2, c].
-    # Window (i, j) at offset (di, dj) reads phase (di % 2, dj % 2) at (i + di//2, j + dj//2).
-    padded = jnp.pad(x, ((0, 0), (lo_h, 2 * (oh + 1) - h - lo_h),
-                         (lo_w, 2 * (ow + 1) - w - lo_w), (0, 0)), constant_values=-jnp.inf)
-    phased = padded.reshape(n, oh + 1, 2, ow + 1, 2, c)
-    offsets = [(di, dj) for di in range(3) for dj in range(3)]  # row-major in the window
-    taken = jnp.zeros(y.shape, bool)
-    chosen = {}
-    for di, dj in offsets:
-        candidate = phased[:, di // 2:di // 2 + oh, di % 2, dj // 2:dj // 2 + ow, dj % 2, :]
-        chosen[di, dj] = (candidate == y) & ~taken
-        taken = taken | chosen[di, dj]
-    # An element's windows in row-major order are its offsets in reverse order.
-    phases: dict[tuple[int, int], Array] = {}
-    for di, dj in reversed(offsets):
-        shifted = jnp.pad(jnp.where(chosen[di, dj], g, jnp.zeros((), g.dtype)),
-                          ((0, 0), (di // 2, 1 - di // 2), (dj // 2, 1 - dj // 2), (0, 0)))
-        key = (di % 2, dj % 2)
-        phases[key] = shifted if key not in phases else phases[key] + shifted
-    rows = [jnp.stack([phases[a, 0], phases[a, 1]], axis=3) for a in (0, 1)]
-    dx = jnp.stack(rows, axis=2).reshape(n, 2 * (oh + 1), 2 * (ow + 1), c)
-    return (dx[:, lo_h:lo_h + h, lo_w:lo_w + w, :],)
-
-
-max_pool_3x3_stride_2.defvjp(_max_pool_fwd, _max_pool_bwd)
 
 
 class MLPTorso(nn.Module):
@@ -112,7 +52,7 @@ class ConvTorso(nn.Module):
     def __call__(self, x: Array) -> Array:
         x = _as_float(x)
         for c, k, s in zip(self.channels, self.kernels, self.strides):
-            x = nn.relu(nn.Conv(c, (k, k), strides=(s, s), padding="VALID")(x))
+            x = nn.relu(Conv(c, (k, k), strides=(s, s), padding="VALID")(x))
         x = x.reshape(x.shape[0], -1)
         return nn.relu(nn.Dense(self.hidden_size)(x))
 
@@ -122,8 +62,8 @@ class _ResidualBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        y = nn.Conv(self.channels, (3, 3))(nn.relu(x))
-        y = nn.Conv(self.channels, (3, 3))(nn.relu(y))
+        y = Conv(self.channels, (3, 3))(nn.relu(x))
+        y = Conv(self.channels, (3, 3))(nn.relu(y))
         return x + y
 
 
@@ -137,7 +77,7 @@ class ResNetTorso(nn.Module):
     def __call__(self, x: Array) -> Array:
         x = _as_float(x)
         for c in self.channels:
-            x = nn.Conv(c, (3, 3))(x)
+            x = Conv(c, (3, 3))(x)
             x = max_pool_3x3_stride_2(x)
             x = _ResidualBlock(c)(x)
             x = _ResidualBlock(c)(x)
