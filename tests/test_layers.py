@@ -71,14 +71,14 @@ def _assert_close_to_hand(got, expected):
 def test_im2col_kernel_gradient_equals_the_defining_sum(shape, kernel_shape, strides, padding,
                                                         chunk_bytes):
     # chunk_bytes=1: one sample per chunk (a scan over the whole batch); the default: one chunk.
-    x, w, g, pads = _case(shape, kernel_shape, strides, padding)
+    x, _, g, pads = _case(shape, kernel_shape, strides, padding)
     got = jax.jit(lambda x, g: layers.kernel_grad_im2col(
         x, g, kernel_shape[:2], strides, pads, chunk_bytes=chunk_bytes))(x, g)
     _assert_close_to_hand(got, _kernel_grad_by_hand(x, g, kernel_shape[:2], strides, pads))
 
 
 def test_im2col_chunks_that_do_not_divide_the_batch_pad_with_zero_samples():
-    x, w, g, pads = _case((7, 6, 6, 2), (3, 3, 2, 3), (1, 1), "SAME")
+    x, _, g, pads = _case((7, 6, 6, 2), (3, 3, 2, 3), (1, 1), "SAME")
     per_sample = 6 * 6 * 9 * 2 * 4  # bytes of patches per sample
     got = layers.kernel_grad_im2col(x, g, (3, 3), (1, 1), pads, chunk_bytes=3 * per_sample)
     # 7 samples in chunks of at most 3: three chunks of 3, the last with two zero samples.

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import ml_collections
 
