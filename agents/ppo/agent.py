@@ -80,7 +80,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.normalize_advantages = True  # over the global batch (every device and process)
     c.off_policy = "plain"  # stale data (Sebulba, lag > 0): "plain" | "corrected" (docs/ppo.md)
     c.clip_rho_threshold = 1.0  # "corrected": rho-bar, the cap on the weights pi_0/mu
-    c.unroll_updates = False  # unroll the epoch/minibatch scans (conv nets on CPU: FACTS.md)
+    c.unroll_updates = False  # unroll the epoch/minibatch scans (conv nets on CPU: docs/ppo.md)
     return c
 
 
