@@ -80,7 +80,13 @@ def _validate_sweep(config: ml_collections.ConfigDict, sweepable: tuple[str, ...
 
 def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> int:
     """Checks `config` and returns the number of devices the run will use."""
-    if cfg.get(config, "env.name") not in envs_jax.registered(adapters=False):
+    env_name = cfg.get(config, "env.name")
+    extra = envs_jax.missing_extra(env_name) if isinstance(env_name, str) else None
+    if extra is not None:
+        raise cfg.ConfigError(
+            "env.name", f"{env_name!r} comes from a library that is not installed",
+            f"install this project's {extra!r} extra: pip install -e '.[{extra}]'")
+    if env_name not in envs_jax.registered(adapters=False):
         # Listing the adapters imports their libraries (seconds): only for non-native names.
         cfg.require_choice(config, "env.name", envs_jax.registered())
     cfg.require_choice(config, "agent.name", agents.registered())

@@ -14,6 +14,7 @@ from envs_jax.diagnostics import Bandit, DeepSea, MemoryChain, UmbrellaChain
 from envs_jax.registry import (
     default_max_episode_steps,
     make,
+    missing_extra,
     namespaces,
     register,
     register_namespace,
@@ -65,6 +66,7 @@ __all__ = [
     "Wrapper",
     "default_max_episode_steps",
     "make",
+    "missing_extra",
     "namespaces",
     "register",
     "register_namespace",

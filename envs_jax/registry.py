@@ -69,6 +69,15 @@ def installed(namespace: str) -> bool:
     return importlib.util.find_spec(_NAMESPACES[namespace].library) is not None
 
 
+def missing_extra(name: str) -> str | None:
+    """For `"<namespace>:<env>"` whose library is not installed, the project extra that installs
+    it (e.g. "gymnax"); None for every other name."""
+    namespace, sep, _ = name.partition(_SEPARATOR)
+    if sep and namespace in _NAMESPACES and not installed(namespace):
+        return _NAMESPACES[namespace].extra
+    return None
+
+
 def namespaces() -> list[str]:
     """All adapter namespaces, installed or not, sorted."""
     return sorted(_NAMESPACES)

@@ -64,3 +64,21 @@ def test_configs_without_the_new_fields_still_validate():
                   "eval_episodes", "eval_max_steps", "sweep"):
         del config[field]
     assert anakin.validate(config, 8) == 8
+
+
+def test_an_environment_of_a_library_not_installed_names_the_extra(monkeypatch):
+    # What a new user meets running a *_minatar.py config without gymnax: the extra to install,
+    # not a list of the environments that are installed.
+    from envs_jax import registry
+
+    monkeypatch.setitem(registry._NAMESPACES, "nolib", registry._Namespace(
+        library="surely_not_an_installed_module", adapter="envs_jax.adapters.gymnax",
+        extra="nolib"))
+    config = vtrace_catch.get_config()
+    config.env.name = "nolib:Breakout-MinAtar"
+    monkeypatch.setattr(replication, "replicate",
+                        lambda *a, **k: pytest.fail("compiled before validating"))
+    with pytest.raises(ConfigError, match="config.env.name") as info:
+        anakin.train(config)
+    assert "pip install -e '.[nolib]'" in str(info.value)
+    assert registry.missing_extra("catch") is None
