@@ -148,6 +148,13 @@ def test_conv_module_is_flax_conv_with_the_same_parameters_and_values():
     np.testing.assert_allclose(ours.apply(params, x), theirs.apply(params, x), rtol=1e-6,
                                atol=1e-6)
 
+    # The dimension numbers flax passes take the im2col path, not the fallback to lax.
+    def convolutions(module):
+        fn = jax.jit(jax.value_and_grad(lambda p, x: jnp.sum(module.apply(p, x) ** 2)))
+        return fn.lower(params, x).compile().as_text().count(" convolution(")
+
+    assert convolutions(theirs) == 2 and convolutions(ours) == 1
+
 
 def test_kernel_gradient_under_vmap_equals_each_run_alone():
     # Anakin's sweeps vmap whole learner steps over runs.
