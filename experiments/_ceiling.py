@@ -1,4 +1,5 @@
-"""The environment-only ceiling that the Anakin benchmarks print next to their figures."""
+"""The environment-only ceiling that the Anakin benchmarks print next to their figures, and
+the timing helpers the benchmarks share."""
 
 from __future__ import annotations
 
@@ -18,6 +19,17 @@ def best_time(fn, state, repeats: int) -> float:
         start = time.perf_counter()
         state, out = fn(state)
         jax.block_until_ready(out)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def best_call_time(fn, *args, repeats: int) -> float:
+    """Best wall time of `repeats` calls of `fn(*args)` after one warm-up call."""
+    jax.block_until_ready(fn(*args))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
         best = min(best, time.perf_counter() - start)
     return best
 

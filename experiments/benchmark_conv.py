@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import platform
-import time
 
 import flax.linen as nn
 import jax
@@ -24,6 +23,7 @@ from absl import app, flags
 
 from agents import layers
 from agents.vtrace import networks
+from experiments._ceiling import best_call_time
 
 _BATCH = flags.DEFINE_integer("batch", 640, "Frames per learner batch.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per figure (the best is kept).")
@@ -35,13 +35,7 @@ _SAME = ((1, 1), (1, 1))
 
 
 def _seconds(fn, *args) -> float:
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(_REPEATS.value):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_call_time(fn, *args, repeats=_REPEATS.value)
 
 
 def _torso_seconds(conv) -> float:

@@ -29,6 +29,7 @@ import agents
 import anakin
 import envs_jax
 from agents import muzero
+from experiments._ceiling import best_call_time
 from experiments.configs import muzero_catch
 
 _ROOTS = flags.DEFINE_integer("roots", 256, "Batch of search roots.")
@@ -41,13 +42,7 @@ _REANALYSE = flags.DEFINE_float("reanalyse_fraction", 0.0,
 
 
 def _best(fn, *args):
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(_REPEATS.value):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_call_time(fn, *args, repeats=_REPEATS.value)
 
 
 def main(argv):
