@@ -17,6 +17,7 @@ network forward passes alone, measured in the same run.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import time
@@ -90,7 +91,7 @@ def main(argv):
         agent = agents.make(agent_config, spec)
         state = agent.init(jax.random.PRNGKey(0), spec)
         timestep = jax.vmap(lambda k: env.reset(k)[1])(jax.random.split(jax.random.PRNGKey(1), b))
-        act = jax.jit(lambda p, t, k: agent.actor_step(p, (), t, k)[0])
+        act = jax.jit(functools.partial(lambda a, p, t, k: a.actor_step(p, (), t, k)[0], agent))
         seconds = _best(act, state.params, timestep, jax.random.PRNGKey(2))
         print(f"{search:>6} search ({b} roots x {sims} simulations): "
               f"{b * sims / seconds:>12,.0f} simulations/s "
