@@ -111,6 +111,30 @@ def test_search_rewards_recovered_from_prefixes_match_a_hand_computation():
     assert np.abs(rewards).max() > 1e-3  # the rewards are not all zero
 
 
+@pytest.mark.parametrize("norm", [True, False])
+def test_prefix_head_reads_the_layer_normalised_lstm_output(norm):
+    # With the LayerNorm's scale at zero its output is its bias whatever the LSTM computed,
+    # so the prefix no longer depends on the latent; without the norm it does.
+    config = small_config(value_prefix_norm=norm)
+    network = ez.make_ez_network(config, SPEC)
+    observation = jax.random.normal(jax.random.key(1), (4, 6, 4))
+    params = perturbed_params(network, jax.random.key(0), observation)
+    names = set(params["params"])
+    assert ("prefix_layer_norm" in names) == norm
+    if norm:
+        norm_params = params["params"]["prefix_layer_norm"]
+        norm_params["scale"] = jnp.zeros_like(norm_params["scale"])
+    latents = network.apply(params, observation, method="represent")
+    carry = ez.initial_carry(4, config.lstm_size)
+    logits, (_, h) = network.apply(params, latents, carry, method="prefix")
+    assert float(jnp.abs(h[0] - h[1]).max()) > 1e-3  # the LSTM sees different latents
+    spread = float(jnp.abs(logits - logits[:1]).max())
+    if norm:
+        assert spread == 0.0, spread
+    else:
+        assert spread > 1e-3, spread
+
+
 def test_consistency_gradient_reaches_only_the_online_branch():
     config = small_config()
     network = ez.make_ez_network(config, SPEC)
@@ -209,9 +233,11 @@ def _trajectory(spec, t, b, key):
     ({"value_prefix": False, "consistency": False, "reanalyse_fraction": 0.0,
       "unroll_gradient_scale": False}, SPEC),
     ({"td_age_interval": 8, "refresh_interval": 1, "refresh_batch": 3,
-      "optimizer": "clipped_lars", "learning_rate": 0.1, "search": "gumbel"}, SPEC),
+      "optimizer": "clipped_lars", "learning_rate": 0.1, "search": "gumbel",
+      "value_prefix_norm": False}, SPEC),
     ({"network": "ez_resnet", "augment": True, "reanalyse_fraction": 0.0}, IMAGE_SPEC),
-], ids=["all-on", "all-off", "age-refresh-lars-gumbel", "ez_resnet-augment"])
+], ids=["all-on", "all-off", "age-refresh-lars-gumbel-prefix-without-norm",
+                        "ez_resnet-augment"])
 def test_every_ablation_switch_builds_acts_and_learns_finitely(changes, spec):
     config = small_config(**changes)
     agent = agents.make(config, spec)

@@ -44,6 +44,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.value_prefix = True
     c.value_prefix_horizon = 5  # H: the LSTM restarts every H unroll (and search) steps
     c.lstm_size = 64
+    # The prefix head reads the LSTM's output through a LayerNorm then ReLU (the paper uses
+    # batch norm there); False: ReLU alone.
+    c.value_prefix_norm = True
     # Self-supervised consistency.
     c.consistency = True
     c.consistency_cost = 2.0  # sweepable

@@ -6,7 +6,9 @@ and SimSiam-style projection heads.
                                              value prefix is switched off)
     predict(s) -> (policy logits, value logits)   MuZero's f
     prefix(s', carry) -> (prefix logits, carry')  LSTM over the unrolled latents: the sum of
-                                             rewards since the last reset of `carry`
+                                             rewards since the last reset of `carry`; the
+                                             head reads relu(LayerNorm(h)) (the paper: batch
+                                             norm then ReLU) or, without the norm, relu(h)
     project(s) -> z;  project_predict(z) -> p     the consistency loss's projector and predictor
 """
 
@@ -40,11 +42,14 @@ class EfficientZeroNetwork(nn.Module):
     lstm_size: int = 64
     projection_hidden: int = 128
     projection_size: int = 128
+    prefix_norm: bool = True
 
     def setup(self):
         self.model = self.muzero  # h, g, f
         self.lstm = nn.OptimizedLSTMCell(self.lstm_size)
         self.prefix_head = Head(self.muzero.num_bins, tuple(self.muzero.hidden_sizes))
+        if self.prefix_norm:
+            self.prefix_layer_norm = nn.LayerNorm()
         self.projector = _Projection(self.projection_hidden, self.projection_size)
         self.predictor = nn.Sequential([nn.Dense(self.projection_hidden), nn.LayerNorm(),
                                         nn.relu, nn.Dense(self.projection_size)])
@@ -60,6 +65,8 @@ class EfficientZeroNetwork(nn.Module):
 
     def prefix(self, latent: Array, carry: LSTMCarry) -> tuple[Array, LSTMCarry]:
         carry, h = self.lstm(carry, latent.reshape(latent.shape[0], -1))
+        if self.prefix_norm:
+            h = self.prefix_layer_norm(h)
         return self.prefix_head(nn.relu(h)), carry
 
     def project(self, latent: Array) -> Array:
@@ -95,4 +102,5 @@ def make_ez_network(config: ml_collections.ConfigDict, env_spec: EnvSpec
         lstm_size=config.lstm_size,
         projection_hidden=config.projection_hidden,
         projection_size=config.projection_size,
+        prefix_norm=config.value_prefix_norm,
     )
