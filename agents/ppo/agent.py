@@ -29,13 +29,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
 
-from agents.hparams import replace_hparams
+from agents.hparams import LearnerState, init_learner_state, replace_hparams
 from agents.ppo import losses, networks
 from podracer.agent import Agent
 from podracer.config import ConfigError
@@ -46,14 +45,6 @@ LOSS_HPARAMS = ("discount", "gae_lambda", "clip_eps", "value_clip_eps", "value_c
                 "entropy_cost", "clip_rho_threshold")
 SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
 OFF_POLICY = ("plain", "corrected")
-
-
-@chex.dataclass(frozen=True)
-class LearnerState:
-    params: Params
-    opt_state: optax.OptState  # an `optax.InjectHyperparamsState`: the optimiser's hparams
-    updates: Array  # [] int32, learner steps (PPO iterations) applied so far
-    hparams: dict[str, Array]  # {name: [] float32} the loss's hyperparameters, LOSS_HPARAMS
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -154,14 +145,7 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
                 value.reshape(lead))
 
     def init(key: PRNGKey, spec: EnvSpec = env_spec) -> LearnerState:
-        dummy = jnp.zeros((1,) + tuple(spec.observation.shape), spec.observation.dtype)
-        params = network.init(key, dummy)
-        return LearnerState(
-            params=params,
-            opt_state=optimizer.init(params),
-            updates=jnp.zeros((), jnp.int32),
-            hparams={k: jnp.asarray(config[k], jnp.float32) for k in LOSS_HPARAMS},
-        )
+        return init_learner_state(network, optimizer, config, LOSS_HPARAMS, key, spec)
 
     def init_actor_state(batch_size: int) -> tuple[()]:
         del batch_size

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
 
-from agents.hparams import replace_hparams
+from agents.hparams import LearnerState, init_learner_state, replace_hparams
 from agents.vtrace.losses import vtrace_loss
 from agents.vtrace.networks import make_network
 from podracer.agent import Agent
@@ -22,14 +21,6 @@ OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
 LOSS_HPARAMS = ("discount", "lambda_", "clip_rho_threshold", "clip_pg_rho_threshold",
                 "baseline_cost", "entropy_cost")
 SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
-
-
-@chex.dataclass(frozen=True)
-class LearnerState:
-    params: Params
-    opt_state: optax.OptState  # an `optax.InjectHyperparamsState`: the optimiser's hparams
-    updates: Array  # [] int32, learner updates applied so far
-    hparams: dict[str, Array]  # {name: [] float32} the loss's hyperparameters, LOSS_HPARAMS
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -78,14 +69,7 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     optimizer = make_optimizer(config)
 
     def init(key: PRNGKey, spec: EnvSpec = env_spec) -> LearnerState:
-        dummy = jnp.zeros((1,) + tuple(spec.observation.shape), spec.observation.dtype)
-        params = network.init(key, dummy)
-        return LearnerState(
-            params=params,
-            opt_state=optimizer.init(params),
-            updates=jnp.zeros((), jnp.int32),
-            hparams={k: jnp.asarray(config[k], jnp.float32) for k in LOSS_HPARAMS},
-        )
+        return init_learner_state(network, optimizer, config, LOSS_HPARAMS, key, spec)
 
     def init_actor_state(batch_size: int) -> tuple[()]:
         del batch_size
