@@ -182,8 +182,8 @@ def garble_arrays(step_dir: str) -> None:
 def pytest_xdist_auto_num_workers(config) -> int:
     """One worker per core, at most 4 and at most one per 6 GiB of memory (a worker with 8
     simulated devices peaks near 5 GiB). Much of a test's time is XLA compiling on one core,
-    so two workers on a 2-core machine keep both cores busy (measured: 137% -> 184% CPU, the
-    suite 35.5 -> 24.2 min on a slow 2-core machine)."""
+    so two workers on a 2-core machine keep both cores busy (measured: 137% -> 183% CPU, the
+    suite 35.5 -> 22.6 min on a slow 2-core machine)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
         memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
