@@ -77,3 +77,23 @@ def test_dtype_shape_structure_and_nan_placement_must_match():
     with pytest.raises(AssertionError):
         assert_trees_equal({"x": np.array([np.inf, 1.0])}, {"x": np.array([2.0, 1.0])},
                            float_rtol=1e6)
+
+
+@pytest.mark.parametrize("cores, memory_gib, workers", [
+    (2, 24, 2),  # CI: one per core
+    (16, 128, 4),  # capped at 4
+    (8, 12, 2),  # one per 6 GiB of memory
+    (1, 24, 1),
+    (4, 4, 1),  # never fewer than one
+])
+def test_xdist_workers_one_per_core_at_most_four_and_one_per_six_gib(monkeypatch, cores,
+                                                                     memory_gib, workers):
+    import os
+
+    import conftest
+
+    page = 4096
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(os, "sysconf", lambda name: {
+        "SC_PAGE_SIZE": page, "SC_PHYS_PAGES": memory_gib * 2**30 // page}[name])
+    assert conftest.pytest_xdist_auto_num_workers(None) == workers
