@@ -229,3 +229,28 @@ def _max_pool_bwd(residuals: tuple[Array, Array], g: Array) -> tuple[Array]:
 
 
 max_pool_3x3_stride_2.defvjp(_max_pool_fwd, _max_pool_bwd)
+
+
+class BatchStatNorm(nn.Module):
+    """Batch normalisation in training mode, without running averages: each feature is
+    normalised by the mean and (biased) variance over the leading batch axis of `x` [B, F],
+    then scaled and shifted by learnt parameters (initialised to 1 and 0).
+
+    This is what PyTorch's `BatchNorm1d` computes in `train()` mode, the mode in which
+    EfficientZero's reference computes its consistency projections. Nothing is kept between
+    calls: a layer whose outputs are only ever read during learning never needs the running
+    averages an evaluation-mode network would use. Statistics are those of the batch the
+    layer is given; a caller that wants statistics over a set of samples (per unroll step,
+    per device) gives it exactly that set.
+    """
+
+    epsilon: float = 1e-5  # PyTorch's and flax's default
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        mean = jnp.mean(x, axis=0)
+        variance = jnp.mean(jnp.square(x - mean), axis=0)
+        y = (x - mean) * lax.rsqrt(variance + self.epsilon)
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32)
+        return y * scale + bias

@@ -272,9 +272,12 @@ def test_augmentation_is_traced_only_for_a_convolutional_network(monkeypatch):
     monkeypatch.setattr(learning, "augment",
                         lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
     trajectory = _trajectory(IMAGE_SPEC, 4, 4, jax.random.key(1))
-    for network, traced in (("mlp", 0), ("resnet", 1)):
+    # Separate draws: one call for the online input, one for the consistency targets.
+    for network, draws, traced in (("mlp", "separate", 0), ("resnet", "separate", 2),
+                                   ("resnet", "shared", 1)):
         calls.clear()
-        config = small_config(network=network, augment=True, reanalyse_fraction=0.0)
+        config = small_config(network=network, augment=True, reanalyse_fraction=0.0,
+                              augment_draws=draws)
         agent = agents.make(config, IMAGE_SPEC)
         state = jax.eval_shape(lambda k, a=agent: a.init(k, IMAGE_SPEC), jax.random.key(0))
         jax.eval_shape(functools.partial(agent.learner_step, axis_name=None), state,
@@ -292,18 +295,31 @@ def test_bad_efficientzero_fields_fail_naming_the_field():
             agents.make(small_config(**changes), SPEC)
 
 
-def test_from_muzero_carries_muzeros_changes_and_keeps_efficientzeros_defaults():
-    mz = muzero.default_config()
-    mz.learning_rate = 0.123  # changed by the MuZero setting: carried over
-    mz.td_steps = 9
-    mz.hidden_sizes = (7,)
+@pytest.mark.parametrize("muzero_config", ["default", "catch", "minatar", "cartpole"])
+def test_from_muzero_carries_every_muzero_field_but_the_documented_own_settings(muzero_config):
+    import importlib
+    import pathlib
+
+    if muzero_config == "default":
+        mz = muzero.default_config()
+        mz.learning_rate, mz.hidden_sizes = 0.123, (7,)
+    else:
+        module = importlib.import_module(f"experiments.configs.muzero_{muzero_config}")
+        mz = module.get_config().agent.copy_and_resolve_references()
     config = ez.from_muzero(mz)
+    differ = sorted(field for field in mz if config[field] != mz[field])
+    # Only EfficientZero's own settings may differ from the MuZero config it came from
+    # (n and the Reanalyse share are carried: td_steps 10 and reanalyse_fraction 0 stay).
+    assert set(differ) <= set(ez.OWN_SETTINGS), differ
     assert config.name == "efficientzero"
-    assert (config.learning_rate, config.td_steps, config.hidden_sizes) == (0.123, 9, (7,))
-    # Fields the MuZero setting left alone are EfficientZero's defaults (the paper's values).
+    assert config.td_steps == mz.td_steps and config.reanalyse_fraction == mz.reanalyse_fraction
+    # EfficientZero's own fields keep their defaults (the paper's values).
     assert config.value_prefix and config.consistency and config.consistency_cost == 2.0
-    assert config.reanalyse_fraction == 1.0 and config.value_prefix_horizon == 5
-    assert config.batch_size == muzero.default_config().batch_size
+    assert config.value_prefix_horizon == 5
+    # Each own setting is documented.
+    doc = (pathlib.Path(__file__).parents[1] / "docs" / "efficientzero.md").read_text()
+    for field in ez.OWN_SETTINGS:
+        assert f"`{field}`" in doc, field
 
 
 def test_shipped_efficientzero_configs_are_valid():
@@ -335,8 +351,35 @@ def test_shipped_efficientzero_configs_are_valid():
     agents.make(atari.agent, spec)
 
 
-def test_efficientzero_anakin_learns_catch():
+def catch_transitions(rows=10, columns=5):
+    """Every Catch state with the ball above the bottom row, each with each action, and the
+    next observation, built from the rules (the ball falls one row; the paddle moves by
+    action - 1, clipped to the board): ([N, rows, columns], [N], [N, rows, columns])."""
+    def board(ball_y, ball_x, paddle):
+        o = np.zeros((rows, columns), np.float32)
+        o[ball_y, ball_x] = 1.0
+        o[rows - 1, paddle] = 1.0
+        return o
+
+    observations, actions, following = [], [], []
+    for ball_y in range(rows - 1):
+        for ball_x in range(columns):
+            for paddle in range(columns):
+                for action in range(3):
+                    observations.append(board(ball_y, ball_x, paddle))
+                    actions.append(action)
+                    following.append(board(ball_y + 1, ball_x,
+                                           min(max(paddle + action - 1, 0), columns - 1)))
+    return np.stack(observations), np.asarray(actions, np.int32), np.stack(following)
+
+
+def test_efficientzero_anakin_learns_catch_and_its_consistency_heads_do_not_collapse():
+    """The shipped Catch config learns, and the consistency loss teaches the model: the
+    target projections of the 225 distinct states are not near-parallel (LayerNorm heads:
+    mean pairwise cosine 0.71-0.99 by this point), and the prediction from (o, a) points at
+    the true next state's projection far more than at an unrelated state's."""
     import anakin
+    from agents.efficientzero import probes
     from experiments.configs import efficientzero_catch
 
     config = efficientzero_catch.get_config()
@@ -347,6 +390,21 @@ def test_efficientzero_anakin_learns_catch():
     returns = [h["episode_return"] for h in result.history]
     assert returns[0] < 0.0, returns  # started at random play
     assert result.final_metrics["episode_return"] >= 0.8, returns
+
+    network = ez.make_ez_network(config.agent, envs_jax_catch_spec())
+    observations, actions, following = catch_transitions()
+    states = observations[::3]  # each state once
+    similarity = float(probes.projection_similarity(network, result.params, states))
+    true_next, unrelated = map(float, probes.prediction_alignment(
+        network, result.params, observations, actions, following))
+    assert similarity < 0.5, similarity
+    assert true_next - unrelated > 0.3, (true_next, unrelated)
+
+
+def envs_jax_catch_spec():
+    import envs_jax
+
+    return envs_jax.make("catch").spec()
 
 
 def test_efficientzero_sebulba_improves_on_cartpole():

@@ -316,13 +316,16 @@ def _targets(*, reward, value, policy, reward_mask, value_mask, policy_mask):
             "value_mask": value_mask, "policy_mask": policy_mask}
 
 
+@pytest.mark.parametrize("past_end", ["masked", "absorbing"])
 @pytest.mark.parametrize("target_positions", ["bootstrap", "window"])
-def test_unroll_targets_across_window_edges_a_terminal_and_a_truncation(target_positions):
+def test_unroll_targets_across_window_edges_a_terminal_and_a_truncation(target_positions,
+                                                                        past_end):
     spec = EnvSpec(observation=ArraySpec((1,), np.float32), action=DiscreteSpec(3))
     config = muzero.default_config()
     config.unroll_steps, config.td_steps, config.discount = 3, 2, 0.5
     config.rollout_length, config.replay_capacity = 4, 12
     config.target_positions = target_positions
+    config.past_end_targets = past_end
     replay, example, history = muzero.make_replay(config, spec)
     state = replay.init(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), example))
     trajectories, policy = _hand_worked_stream()
@@ -370,6 +373,13 @@ def test_unroll_targets_across_window_edges_a_terminal_and_a_truncation(target_p
                     policy=[policy[4], policy[5], policy[6], policy[7]],
                     reward_mask=[0, 1, 1, 1], value_mask=[1, 1, 1, 1], policy_mask=[1, 1, 1, 1]),
     }
+    if past_end == "masked":
+        # EfficientZero's reference: at the terminal its value 0 and the reward into it are
+        # trained, its policy is not (no action is taken there); nothing after it is.
+        expected[1].update(reward_mask=[0, 1, 1, 0], value_mask=[1, 1, 1, 0],
+                           policy_mask=[1, 1, 0, 0])
+        expected[2].update(reward_mask=[0, 1, 0, 0], value_mask=[1, 1, 0, 0],
+                           policy_mask=[1, 0, 0, 0])
     for position, fields in expected.items():
         i = int(np.flatnonzero(tau == position)[0])
         for name, value in fields.items():
@@ -418,10 +428,12 @@ def test_frame_stacks_rebuilt_exactly_on_a_real_atari_stream_with_episodic_life(
     np.testing.assert_array_equal(np.asarray(rebuilt), observation[:n, 0])
 
 
-def test_reanalyse_moves_policy_targets_to_the_target_networks_search():
+@pytest.mark.parametrize("reanalyse_value", ["target_network", "root"])
+def test_reanalyse_moves_policy_targets_to_the_target_networks_search(reanalyse_value):
     config = muzero.default_config()
     config.unroll_steps, config.td_steps, config.rollout_length = 1, 1, 3
     config.replay_capacity, config.reanalyse_fraction, config.num_simulations = 12, 1.0, 8
+    config.reanalyse_value = reanalyse_value
     config.hidden_sizes, config.latent_size = (16,), 16
     network = muzero.make_network(config, SPEC)
     params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, 10, 5)), jnp.zeros((1,), jnp.int32))
@@ -445,8 +457,10 @@ def test_reanalyse_moves_policy_targets_to_the_target_networks_search():
     targets = muzero.batch_targets(network, params, sample.windows, key, config,
                                    history=history)
     # Reference: mctx's PUCT search with the target network at o_tau, o_tau+1 (the policy
-    # targets) and the bootstrap observations o_tau+1, o_tau+2 (n = 1), in one batch.
-    obs = sample.windows["observation"][:, jnp.array([0, 1, 1, 2])].reshape(16, 10, 5)
+    # targets) and, for root values, the bootstrap observations o_tau+1, o_tau+2 (n = 1), in
+    # one batch.
+    where = jnp.array([0, 1, 1, 2] if reanalyse_value == "root" else [0, 1])
+    obs = sample.windows["observation"][:, where].reshape(4 * len(where), 10, 5)
     latent = network.apply(params, obs, method="represent")
     prior, value_logits = network.apply(params, latent, method="predict")
     root = mctx.RootFnOutput(prior_logits=prior, embedding=latent, value=muzero.probs_to_scalar(
@@ -456,13 +470,20 @@ def test_reanalyse_moves_policy_targets_to_the_target_networks_search():
                                                     config.discount),
         num_simulations=8, dirichlet_fraction=config.dirichlet_fraction,
         dirichlet_alpha=config.dirichlet_alpha, temperature=config.temperature)
-    searched = np.asarray(out.action_weights).reshape(4, 4, 3)
+    searched = np.asarray(out.action_weights).reshape(4, len(where), 3)
     np.testing.assert_allclose(np.asarray(targets.policy), searched[:, :2], rtol=1e-5)
     # 8 simulations over 3 actions never all go to action 0: the targets moved.
     assert np.all(np.asarray(targets.policy)[..., 0] < 0.99)
-    # Value targets z_k = r + g v_search(o_k+1) with r = 0 inside these episodes.
-    root_values = np.asarray(out.search_tree.summary().value).reshape(4, 4)
-    np.testing.assert_allclose(np.asarray(targets.value), config.discount * root_values[:, 2:],
+    # Value targets z_k = r + g v(o_k+1) with r = 0 inside these episodes: v the searches'
+    # root values, or the target network's own value of o_k+1.
+    if reanalyse_value == "root":
+        bootstrap = np.asarray(out.search_tree.summary().value).reshape(4, 4)[:, 2:]
+    else:
+        bootstrap = np.asarray(muzero.probs_to_scalar(jax.nn.softmax(network.apply(
+            params, network.apply(params, sample.windows["observation"][:, 1:3].reshape(
+                8, 10, 5), method="represent"), method="predict")[1]),
+            config.support_size)).reshape(4, 2)
+    np.testing.assert_allclose(np.asarray(targets.value), config.discount * bootstrap,
                                rtol=1e-4, atol=1e-5)
 
 

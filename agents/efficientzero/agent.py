@@ -20,7 +20,11 @@ import optax
 
 from agents import muzero
 from agents.efficientzero import learning
-from agents.efficientzero.networks import EfficientZeroNetwork, make_ez_network
+from agents.efficientzero.networks import (
+    CONSISTENCY_NORMS,
+    EfficientZeroNetwork,
+    make_ez_network,
+)
 from agents.efficientzero.search import run_search
 from agents.hparams import replace_hparams
 from agents.muzero.learning import LearnerState
@@ -52,6 +56,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.consistency_cost = 2.0  # sweepable
     c.projection_hidden = 128
     c.projection_size = 128
+    # Normalisation in the projector and predictor: "batch" (the reference's batch norm,
+    # batch statistics) or "layer" (per-sample LayerNorm, whose projections collapse).
+    c.consistency_norm = "batch"
     # Off-policy correction: n = clip(td_steps - floor(age / td_age_interval), td_steps_min,
     # td_steps), age in environment steps since the data was stored (Atari 100k: 5, 1,
     # 30,000). 0 turns it off (n = td_steps always).
@@ -64,8 +71,19 @@ def default_config() -> ml_collections.ConfigDict:
     c.augment = True
     c.augment_shift = 4  # pixels
     c.augment_intensity = 0.05
-    # Per-unroll-step gradient scale 1/K on the predictions past step 0 (MuZero appendix G).
-    c.unroll_gradient_scale = True
+    # "separate": the online input and the consistency targets get independent draws (the
+    # reference); "shared": one draw per sample for both.
+    c.augment_draws = "separate"
+    # "whole": 1/K on the whole loss, every term keeping its weight (the reference);
+    # "per_step": 1/K on the predictions past step 0 only (MuZero appendix G's reading).
+    c.unroll_gradient_scale = "whole"
+    # Acting temperature of the visit counts (PUCT search), the reference's schedule: 1.0
+    # for the first half of `temperature_decay_updates` learner updates, 0.5 to three
+    # quarters, then 0.25 (the reference trains 100K updates). 0: `temperature` throughout.
+    c.temperature_decay_updates = 100_000
+    # Search: the reference's tree-wide min-max of Q and parent-mean Q for unvisited children.
+    c.q_transform = "tree_min_max"
+    c.unvisited_q = "parent_mean"
     # Priority Refresh (SpeedyZero): every refresh_interval updates (0: never), all stored
     # positions' priorities are recomputed, refresh_batch windows at a time.
     c.refresh_interval = 0
@@ -78,17 +96,33 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
+# MuZero fields whose EfficientZero value is the reference's own choice, kept by
+# `from_muzero` instead of the MuZero config's (each documented in docs/efficientzero.md).
+OWN_SETTINGS = ("name", "q_transform", "unvisited_q")
+
+
 def from_muzero(muzero_config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """EfficientZero's defaults with every field a MuZero setting changed from MuZero's
-    defaults carried over, so an EfficientZero config stays in step with the MuZero config it
-    builds on (networks, search, replay, optimiser). EfficientZero's own fields keep their
-    defaults; set them, and any field to differ from MuZero's, afterwards."""
+    """EfficientZero's config with the value of every field of `muzero_config` (networks,
+    search, replay, optimiser, n, Reanalyse share, ...) except `OWN_SETTINGS`, so that an
+    EfficientZero experiment and the MuZero one it builds on differ only in what
+    EfficientZero adds; its own fields keep their defaults. Set them, and any field to
+    differ from MuZero's, afterwards, where a reader sees it."""
     config = default_config()
-    base = muzero.default_config()
     for field, value in muzero_config.items():
-        if field != "name" and value != base.get(field):
+        if field not in OWN_SETTINGS:
             config[field] = value
     return config
+
+
+def temperature_at(config: ml_collections.ConfigDict, updates: Array) -> Array:
+    """[] float32 the acting temperature after `updates` learner updates (see
+    `temperature_decay_updates` in `default_config`)."""
+    total = config.temperature_decay_updates
+    if total <= 0:
+        return jnp.asarray(config.temperature, jnp.float32)
+    fraction = updates.astype(jnp.float32) / total
+    return jnp.where(fraction < 0.5, 1.0, jnp.where(fraction < 0.75, 0.5, 0.25)).astype(
+        jnp.float32)
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -116,6 +150,18 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
 
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first EfficientZero field that cannot work."""
+    muzero.validate(config)
+    choices = {"consistency_norm": CONSISTENCY_NORMS, "augment_draws": learning.AUGMENT_DRAWS,
+               "unroll_gradient_scale": learning.GRADIENT_SCALES}
+    for field, allowed in choices.items():
+        if config[field] not in allowed:
+            raise ConfigError(f"agent.{field}", f"is {config[field]!r}",
+                              f"use one of {', '.join(map(repr, allowed))}")
+    if config.temperature_decay_updates < 0:
+        raise ConfigError("agent.temperature_decay_updates",
+                          f"is {config.temperature_decay_updates}",
+                          "use the run's learner updates (the reference: 100000), or 0 for a "
+                          "constant `temperature`")
     if config.value_prefix and config.value_prefix_horizon < 1:
         raise ConfigError("agent.value_prefix_horizon", f"is {config.value_prefix_horizon}",
                           "use at least 1 (the paper: 5)")
@@ -140,8 +186,12 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         config, env_spec, extra_fields={"collected_at": jax.ShapeDtypeStruct((), jnp.int32)})
     frames_once = muzero.stores_frames_once(config, env_spec)
 
+    # The actors receive the network's parameters and the acting temperature in force.
+    actor_params = lambda state: {"network": state.params,
+                                  "temperature": temperature_at(config, state.updates)}
     search = lambda params, observation, key, evaluation: run_search(
-        network, params, observation, key, config, evaluation=evaluation)
+        network, params["network"], observation, key, config, evaluation=evaluation,
+        temperature=params["temperature"])
     actor_step = muzero.make_actor_step(search)
     init = lambda key, spec=env_spec: muzero.init_learner_state(
         network, optimizer, replay, example_step, {k: config[k] for k in LOSS_HPARAMS}, key, spec)
@@ -175,7 +225,7 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_step=actor_step,
         learner_step=learner_step,
         init_actor_state=lambda batch_size: (),
-        actor_params=lambda state: state.params,
+        actor_params=actor_params,
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
     )

@@ -3,6 +3,7 @@
     value_prefix_targets   rewards of an unroll -> sums since the last LSTM reset
     td_horizon             n of each sample's value target, shortened with its data's age
     augment                random shift and intensity of image observations, on the device
+    augment_unroll         the online input and the consistency targets, drawn apart
     unroll_model           MuZero's unroll with the value prefix, per-step gradient scaling,
                            and the dynamics latents the consistency loss needs
     consistency_loss       SimSiam: -cos(predictor(projector(g's latent)),
@@ -82,6 +83,38 @@ def augment(observations: Array, key: PRNGKey, *, shift: int, intensity: float) 
     return x
 
 
+GRADIENT_SCALES = ("whole", "per_step")
+AUGMENT_DRAWS = ("separate", "shared")
+
+
+def per_step_scale(gradient_scale: str, num_unroll: int) -> float:
+    """The gradient scale of the predictions past unroll step 0.
+
+    "whole" (the reference, `core/train.py: update_weights`): 1/K multiplies the gradient of
+    the whole loss, so every term keeps its weight relative to the others; here the loss is
+    already a mean over the K+1 steps, the same up to a constant factor. "per_step": 1/K on
+    the predictions of steps 1..K only (MuZero appendix G's reading), which weighs the
+    consistency and value-prefix losses, that exist only there, 1/K against step 0's."""
+    if gradient_scale == "per_step" and num_unroll:
+        return 1.0 / num_unroll
+    return 1.0
+
+
+def augment_unroll(observations: Array, key: PRNGKey, config: ml_collections.ConfigDict
+                   ) -> Array:
+    """`augment` of a batch's unroll observations `[S, K+1, H, W, C]`. With
+    `config.augment_draws == "separate"` (the reference, `core/train.py: update_weights`) the
+    online input o_0 and the consistency targets o_1..o_K get independent draws (one draw
+    per sample shared by its K targets), so the consistency loss has to see through the
+    augmentation; "shared": one draw per sample for all K+1."""
+    kwargs = {"shift": config.augment_shift, "intensity": config.augment_intensity}
+    if config.augment_draws == "shared":
+        return augment(observations, key, **kwargs)
+    online_key, target_key = jax.random.split(key)
+    return jnp.concatenate([augment(observations[:, :1], online_key, **kwargs),
+                            augment(observations[:, 1:], target_key, **kwargs)], axis=1)
+
+
 @chex.dataclass(frozen=True)
 class UnrollOutput:
     policy_logits: Array  # [B, K+1, A]
@@ -94,11 +127,12 @@ def unroll_model(network: EfficientZeroNetwork, params: Params, observation: Arr
                  actions: Array, config: ml_collections.ConfigDict) -> UnrollOutput:
     """MuZero's K-step unroll (half the gradient into each dynamics step) where the reward
     head is the value-prefix LSTM (reset after every `value_prefix_horizon` steps, as in
-    search) when `config.value_prefix`, and, with `config.unroll_gradient_scale`, the
-    gradient of every prediction past step 0 is scaled by 1/K (MuZero appendix G)."""
+    search) when `config.value_prefix`, and, with `config.unroll_gradient_scale ==
+    "per_step"`, the gradient of every prediction past step 0 is scaled by 1/K (MuZero
+    appendix G)."""
     chex.assert_rank(actions, 2)
     num_unroll = actions.shape[1]
-    step_scale = 1.0 / num_unroll if config.unroll_gradient_scale and num_unroll else 1.0
+    step_scale = per_step_scale(config.unroll_gradient_scale, num_unroll)
     latent = network.apply(params, observation, method="represent")
     carry = initial_carry(observation.shape[0], config.lstm_size)
     policies, values, rewards, latents = [], [], [], []
@@ -139,13 +173,17 @@ def consistency_loss(network: EfficientZeroNetwork, params: Params, latents: Arr
     """
     b, k = latents.shape[:2]
     flat = lambda x: x.reshape((b * k,) + x.shape[2:])
-    online = network.apply(params, network.apply(params, flat(latents), method="project"),
-                           method="project_predict")
+    # The heads run once per unroll step, over the batch (as the reference's loop does), so
+    # batch-statistics normalisation uses each step's B samples.
+    per_step = lambda method: jax.vmap(
+        lambda x: network.apply(params, x, method=method), in_axes=1, out_axes=1)
+    online = per_step("project_predict")(per_step("project")(latents))
     online = scale_gradient(online, step_scale)
     target_latent = network.apply(params, flat(target_observations), method="represent")
-    target = jax.lax.stop_gradient(network.apply(params, target_latent, method="project"))
+    target_latent = target_latent.reshape((b, k) + target_latent.shape[1:])
+    target = jax.lax.stop_gradient(per_step("project")(target_latent))
     normalise = lambda x: x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-8)
-    cosine = jnp.sum(normalise(online) * normalise(target), axis=-1).reshape(b, k)
+    cosine = jnp.sum(normalise(online) * normalise(target), axis=-1)
     return -jnp.sum(mask * cosine, axis=1)
 
 
@@ -185,11 +223,10 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
     # Shifts are a prior for convolutions over real images; an MLP reading a small grid
     # (MinAtar's 10x10) would see a different input for the same state.
     if config.augment and observations.ndim == 5 and network.muzero.kind != "mlp":
-        observations = augment(observations, augment_key, shift=config.augment_shift,
-                               intensity=config.augment_intensity)
+        observations = augment_unroll(observations, augment_key, config)
     actions = windows["action"][:, history:history + k]
     mask = same_episode(windows["step_type"][:, history:].astype(jnp.int32), k)
-    step_scale = 1.0 / k if config.unroll_gradient_scale and k else 1.0
+    step_scale = per_step_scale(config.unroll_gradient_scale, k)
 
     def loss_fn(params):
         out = unroll_model(network, params, observations[:, 0], actions, config)

@@ -10,6 +10,13 @@ and SimSiam-style projection heads.
                                              head reads relu(LayerNorm(h)) (the paper: batch
                                              norm then ReLU) or, without the norm, relu(h)
     project(s) -> z;  project_predict(z) -> p     the consistency loss's projector and predictor
+
+The projector (Linear-norm-ReLU-Linear-norm) and the predictor (Linear-norm-ReLU-Linear)
+normalise with batch statistics by default (`consistency_norm="batch"`, as the reference's
+BatchNorm1d in training mode): a per-sample LayerNorm ("layer") lets every state map to one
+vector, and the consistency loss then sits at its floor while teaching the model nothing
+(docs/efficientzero.md). Batch statistics are those of the batch each call is given, with no
+running averages: projections are only computed by the learner.
 """
 
 from __future__ import annotations
@@ -19,22 +26,44 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from agents.layers import BatchStatNorm
 from agents.muzero.networks import Head, MuZeroNetwork, make_network
 from podracer.types import Array, EnvSpec
 
 LSTMCarry = tuple[Array, Array]  # (c, h), each [B, lstm_size]
 
 
+CONSISTENCY_NORMS = ("batch", "layer")
+
+
+def _norm(kind: str) -> nn.Module:
+    return BatchStatNorm() if kind == "batch" else nn.LayerNorm()
+
+
 class _Projection(nn.Module):
-    """Linear-LayerNorm-ReLU layers then a linear (and normalised) output, SimSiam's shape."""
+    """Linear-norm-ReLU then a linear, normalised output, SimSiam's shape."""
 
     hidden: int
     output: int
+    norm: str = "batch"
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        x = nn.relu(nn.LayerNorm()(nn.Dense(self.hidden)(x)))
-        return nn.LayerNorm()(nn.Dense(self.output)(x))
+        x = nn.relu(_norm(self.norm)(nn.Dense(self.hidden)(x)))
+        return _norm(self.norm)(nn.Dense(self.output)(x))
+
+
+class _Predictor(nn.Module):
+    """Linear-norm-ReLU-Linear."""
+
+    hidden: int
+    output: int
+    norm: str = "batch"
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        x = nn.relu(_norm(self.norm)(nn.Dense(self.hidden)(x)))
+        return nn.Dense(self.output)(x)
 
 
 class EfficientZeroNetwork(nn.Module):
@@ -43,6 +72,7 @@ class EfficientZeroNetwork(nn.Module):
     projection_hidden: int = 128
     projection_size: int = 128
     prefix_norm: bool = True
+    consistency_norm: str = "batch"  # "batch" | "layer"
 
     def setup(self):
         self.model = self.muzero  # h, g, f
@@ -50,9 +80,10 @@ class EfficientZeroNetwork(nn.Module):
         self.prefix_head = Head(self.muzero.num_bins, tuple(self.muzero.hidden_sizes))
         if self.prefix_norm:
             self.prefix_layer_norm = nn.LayerNorm()
-        self.projector = _Projection(self.projection_hidden, self.projection_size)
-        self.predictor = nn.Sequential([nn.Dense(self.projection_hidden), nn.LayerNorm(),
-                                        nn.relu, nn.Dense(self.projection_size)])
+        self.projector = _Projection(self.projection_hidden, self.projection_size,
+                                     self.consistency_norm)
+        self.predictor = _Predictor(self.projection_hidden, self.projection_size,
+                                    self.consistency_norm)
 
     def represent(self, observation: Array) -> Array:
         return self.model.represent(observation)
@@ -103,4 +134,5 @@ def make_ez_network(config: ml_collections.ConfigDict, env_spec: EnvSpec
         projection_hidden=config.projection_hidden,
         projection_size=config.projection_size,
         prefix_norm=config.value_prefix_norm,
+        consistency_norm=config.consistency_norm,
     )

@@ -68,9 +68,10 @@ def make_recurrent_fn(network: EfficientZeroNetwork, config: ml_collections.Conf
 
 def run_search(network: EfficientZeroNetwork, params: Params, observation: Array,
                key: PRNGKey, config: ml_collections.ConfigDict, *,
-               evaluation: bool) -> mctx.PolicyOutput:
+               evaluation: bool, temperature: Array | float | None = None
+               ) -> mctx.PolicyOutput:
     """One batched search from `observation` ([B, ...]), MuZero's `search_with` on
-    EfficientZero's model."""
+    EfficientZero's model (`temperature`: the acting temperature, None for the config's)."""
     root = root_output(network, params, observation, config)
     return search_with(root, make_recurrent_fn(network, config), params, key, config,
-                       evaluation=evaluation)
+                       evaluation=evaluation, temperature=temperature)

@@ -19,6 +19,7 @@ from agents.muzero.agent import (
     make_replay,
     set_hparams,
     stores_frames_once,
+    validate,
 )
 from agents.muzero.learning import (
     LearnerState,
@@ -35,13 +36,18 @@ from agents.muzero.learning import (
 from agents.muzero.losses import LossOutput, UnrollOutput, unroll_loss, unroll_model
 from agents.muzero.networks import MuZeroNetwork, make_network, normalise_latent
 from agents.muzero.search import (
+    Q_TRANSFORMS,
+    UNVISITED_Q,
     make_recurrent_fn,
+    mean_q,
+    qtransform,
     root_output,
     run_search,
     search_with,
     value_to_scalar,
 )
 from agents.muzero.targets import (
+    PAST_END_TARGETS,
     UnrollTargets,
     bootstrap_indices,
     frame_stack,
@@ -56,7 +62,10 @@ __all__ = [
     "LOSS_HPARAMS",
     "METRIC_NAMES",
     "OPTIMIZER_HPARAMS",
+    "PAST_END_TARGETS",
+    "Q_TRANSFORMS",
     "SWEEPABLE",
+    "UNVISITED_Q",
     "LearnerState",
     "LossOutput",
     "MuZeroNetwork",
@@ -78,10 +87,12 @@ __all__ = [
     "make_optimizer",
     "make_recurrent_fn",
     "make_replay",
+    "mean_q",
     "n_step_values",
     "normalise_latent",
     "observations_at",
     "probs_to_scalar",
+    "qtransform",
     "root_output",
     "run_search",
     "sample_beta",
@@ -95,5 +106,6 @@ __all__ = [
     "unroll_loss",
     "unroll_model",
     "unroll_targets",
+    "validate",
     "value_to_scalar",
 ]

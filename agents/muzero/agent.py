@@ -23,7 +23,8 @@ from agents.hparams import replace_hparams
 from agents.muzero import learning
 from agents.muzero.learning import LearnerState
 from agents.muzero.networks import MuZeroNetwork, make_network
-from agents.muzero.search import run_search
+from agents.muzero.search import Q_TRANSFORMS, UNVISITED_Q, run_search
+from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
 from podracer.agent import Agent
 from podracer.config import ConfigError
@@ -57,6 +58,15 @@ def default_config() -> ml_collections.ConfigDict:
     c.dirichlet_alpha = 0.3
     c.dirichlet_fraction = 0.25
     c.temperature = 1.0  # visit-count temperature for acting (PUCT search)
+    # PUCT's value term: "parent_and_siblings" (mctx's default: min-max over the node's value
+    # and its children's Q) or "tree_min_max" (min-max over every visited edge of the tree,
+    # with a floor of 0.01 on the range, as EfficientZero's reference and MuZero's
+    # pseudocode).
+    c.q_transform = "parent_and_siblings"
+    # The Q of an unvisited child in PUCT: "min" (mctx: the lowest, 0 after normalising) or
+    # "parent_mean" (EfficientZero: the mean Q of the parent's visited children and its
+    # parent's, normalised like the others).
+    c.unvisited_q = "min"
     c.max_num_considered_actions = 16  # Gumbel search
     c.gumbel_scale = 1.0  # Gumbel search, acting (evaluation uses 0)
     # Learning.
@@ -71,6 +81,13 @@ def default_config() -> ml_collections.ConfigDict:
     c.value_cost = 0.25  # sweepable
     c.target_update_interval = 100  # updates between target-network copies
     c.reanalyse_fraction = 0.0  # share of each batch whose targets are recomputed by search
+    # Reanalysed bootstrap values: "target_network" (the target network's value, as MuZero
+    # Reanalyse and EfficientZero's reference) or "root" (the root value of a fresh search).
+    c.reanalyse_value = "target_network"
+    # Targets at and past a true terminal: "masked" (EfficientZero's reference: the terminal's
+    # value 0 and reward are trained, its policy and everything after it are not) or
+    # "absorbing" (value 0, reward 0 and a uniform policy trained after it too).
+    c.past_end_targets = "masked"
     # "bootstrap": the target network evaluates only the observations targets bootstrap
     # from; "window": all K + n + 1 of each sample (the old width, kept for benchmarks).
     c.target_positions = "bootstrap"
@@ -205,7 +222,19 @@ def init_learner_state(network, optimizer: optax.GradientTransformation,
     )
 
 
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Raises `ConfigError` naming the first MuZero choice field with an unknown value."""
+    choices = {"q_transform": Q_TRANSFORMS, "unvisited_q": UNVISITED_Q,
+               "past_end_targets": PAST_END_TARGETS,
+               "reanalyse_value": ("target_network", "root")}
+    for field, allowed in choices.items():
+        if config[field] not in allowed:
+            raise ConfigError(f"agent.{field}", f"is {config[field]!r}",
+                              f"use one of {', '.join(map(repr, allowed))}")
+
+
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
+    validate(config)
     network: MuZeroNetwork = make_network(config, env_spec)
     optimizer = make_optimizer(config)
     replay, example_step, history = make_replay(config, env_spec)

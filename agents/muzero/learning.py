@@ -89,8 +89,10 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
     all K + n + 1 and picks those, the width of computing targets for whole windows, kept to
     measure the saving.
     Reanalyse (the first `round(reanalyse_fraction * S)` samples) searches with the target
-    network at the K+1 unroll positions (policy targets) and at the bootstrap positions
-    (values). `key` is consumed by that search.
+    network at the K+1 unroll positions (policy targets); with `config.reanalyse_value ==
+    "root"` also at the bootstrap positions, whose root values replace the target network's
+    estimates ("target_network", the default, keeps those: EfficientZero's reference with
+    `use_root_value=False`, and MuZero Reanalyse). `key` is consumed by that search.
 
     `n` ([S] int32, each at most `config.td_steps`) shortens each sample's n-step horizon
     (EfficientZero's off-policy correction); None: `config.td_steps` for all. `search`
@@ -127,10 +129,13 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
                          "'bootstrap' or 'window'.")
     policies = ahead["policy"]
     num_reanalyse = round(config.reanalyse_fraction * s)
+    by_root = config.reanalyse_value == "root"
     if num_reanalyse:
         # REANALYSE: fresh searches with the target network.
         sub = jax.tree.map(lambda x: x[:num_reanalyse], windows)
-        if config.target_positions == "window":
+        if not by_root:  # policies only: the unroll positions
+            where = jnp.broadcast_to(jnp.arange(k1), (num_reanalyse, k1))
+        elif config.target_positions == "window":
             where = jnp.broadcast_to(jnp.arange(step_types.shape[1]),
                                      (num_reanalyse, step_types.shape[1]))
         else:  # the unroll positions, then the bootstrap positions
@@ -141,14 +146,16 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
         searched = out.action_weights.reshape(where.shape + (-1,))
         root_values = out.search_tree.summary().value.reshape(where.shape)
         policies = policies.at[:num_reanalyse, :k1].set(searched[:, :k1])
-        if config.target_positions == "window":
-            root_values = jnp.take_along_axis(root_values, boot[:num_reanalyse], axis=1)
-        else:
-            root_values = root_values[:, k1:]
-        boot_values = boot_values.at[:num_reanalyse].set(root_values)
+        if by_root:
+            if config.target_positions == "window":
+                root_values = jnp.take_along_axis(root_values, boot[:num_reanalyse], axis=1)
+            else:
+                root_values = root_values[:, k1:]
+            boot_values = boot_values.at[:num_reanalyse].set(root_values)
     targets = jax.vmap(lambda r, d, st, pi, v, n_i: tgt.unroll_targets(
         r, d, st, pi, v, num_unroll=config.unroll_steps, discount=config.discount,
-        **horizon(n_i)))(ahead["reward"], ahead["discount"], step_types, policies, boot_values, n)
+        past_end=config.past_end_targets, **horizon(n_i)))(
+            ahead["reward"], ahead["discount"], step_types, policies, boot_values, n)
     return jax.lax.stop_gradient(targets)
 
 

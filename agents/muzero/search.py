@@ -6,6 +6,8 @@ or `gumbel_muzero_policy`); Reanalyse searches again with the target network.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import mctx
@@ -65,10 +67,85 @@ def run_search(network: MuZeroNetwork, params: Params, observation: Array, key: 
     return search_with(root, recurrent_fn, params, key, config, evaluation=evaluation)
 
 
+Q_TRANSFORMS = ("parent_and_siblings", "tree_min_max")
+UNVISITED_Q = ("min", "parent_mean")
+TREE_MIN_MAX_FLOOR = 0.01  # EfficientZero's `value_delta_max`
+
+
+def mean_q(tree: mctx.Tree, node_index: Array) -> Array:
+    """[] EfficientZero's mean Q of a node (`core/ctree/cnode.cpp: get_mean_q`), for one
+    unbatched tree: at the root, the mean of its visited children's Q = r + gamma v (0 when
+    none is visited); below it, (mean Q of the parent + the sum of the visited children's
+    Q) / (their number + 1), recursively along the path from the root."""
+    n_nodes = tree.parents.shape[0]
+    visited = tree.children_visits > 0
+    every_q = tree.children_rewards + tree.children_discounts * tree.children_values
+    sums = jnp.sum(jnp.where(visited, every_q, 0.0), axis=-1)
+    counts = jnp.sum(visited, axis=-1).astype(sums.dtype)
+
+    def up(i, path):  # path[i]: the i-th ancestor of node_index, -1 above the root
+        prev = path[i - 1]
+        return path.at[i].set(jnp.where(prev >= 0, tree.parents[jnp.maximum(prev, 0)], -1))
+
+    path = jax.lax.fori_loop(1, n_nodes, up,
+                             jnp.full((n_nodes,), -1, jnp.int32).at[0].set(node_index))
+    root_mean = jnp.where(counts[0] > 0, sums[0] / jnp.maximum(counts[0], 1.0), 0.0)
+
+    def down(j, q):  # from the root's end of the path down to node_index
+        node = path[n_nodes - 1 - j]
+        safe = jnp.maximum(node, 0)
+        inner = (q + sums[safe]) / (counts[safe] + 1.0)
+        return jnp.where(node < 0, q, jnp.where(node == 0, root_mean, inner))
+
+    return jax.lax.fori_loop(0, n_nodes, down, jnp.zeros((), sums.dtype))
+
+
+def qtransform(tree: mctx.Tree, node_index: Array, *, scope: str = "parent_and_siblings",
+               unvisited: str = "min", floor: float = TREE_MIN_MAX_FLOOR) -> Array:
+    """[A] PUCT's value term of the children of `node_index` in an unbatched mctx tree,
+    in [0, 1].
+
+    `scope="parent_and_siblings"` with `unvisited="min"` is mctx's
+    `qtransform_by_parent_and_siblings` itself. `scope="tree_min_max"` normalises by the
+    minimum and maximum Q = r + gamma v over every visited edge of the tree, dividing by
+    max(max - min, `floor`) when max > min and leaving Q as it is otherwise, then clipping
+    to [0, 1] (EfficientZero's `CMinMaxStats::normalize` and `cucb_score`; MuZero's
+    pseudocode without the floor). `unvisited="parent_mean"` gives unvisited children the
+    node's `mean_q` (EfficientZero) instead of the minimum.
+    """
+    if scope == "parent_and_siblings" and unvisited == "min":
+        return mctx.qtransform_by_parent_and_siblings(tree, node_index)
+    qvalues = tree.qvalues(node_index)
+    visits = tree.children_visits[node_index]
+    if scope == "tree_min_max":
+        visited = tree.children_visits > 0
+        every_q = tree.children_rewards + tree.children_discounts * tree.children_values
+        low = jnp.min(jnp.where(visited, every_q, jnp.inf))
+        high = jnp.max(jnp.where(visited, every_q, -jnp.inf))
+        completed = jnp.where(visits > 0, qvalues, mean_q(tree, node_index)
+                              if unvisited == "parent_mean" else low)
+        spread = high - low
+        normalised = jnp.where(spread > 0, (completed - low) / jnp.maximum(spread, floor),
+                               completed)
+        if unvisited == "min":  # 0, also before the tree has a range
+            normalised = jnp.where(visits > 0, normalised, 0.0)
+        return jnp.clip(normalised, 0.0, 1.0)
+    node_value = tree.node_values[node_index]
+    safe = jnp.where(visits > 0, qvalues, node_value)
+    low = jnp.minimum(node_value, jnp.min(safe))
+    high = jnp.maximum(node_value, jnp.max(safe))
+    completed = jnp.where(visits > 0, qvalues, mean_q(tree, node_index))
+    return jnp.clip((completed - low) / jnp.maximum(high - low, 1e-8), 0.0, 1.0)
+
+
 def search_with(root: mctx.RootFnOutput, recurrent_fn, params: Params, key: PRNGKey,
-                config: ml_collections.ConfigDict, *, evaluation: bool) -> mctx.PolicyOutput:
+                config: ml_collections.ConfigDict, *, evaluation: bool,
+                temperature: Array | float | None = None) -> mctx.PolicyOutput:
     """The search `config.search` from `root` with the model `recurrent_fn` (any agent's:
-    MuZero's, or EfficientZero's with its value prefix); see `run_search`."""
+    MuZero's, or EfficientZero's with its value prefix); see `run_search`. PUCT's value term
+    is `qtransform` with `config.q_transform` and `config.unvisited_q`; `temperature`
+    (possibly traced; None: `config.temperature`) is the acting temperature of the visit
+    counts."""
     if config.search == "gumbel":
         return mctx.gumbel_muzero_policy(
             params, key, root, recurrent_fn,
@@ -81,5 +158,7 @@ def search_with(root: mctx.RootFnOutput, recurrent_fn, params: Params, key: PRNG
         num_simulations=config.num_simulations,
         dirichlet_fraction=0.0 if evaluation else config.dirichlet_fraction,
         dirichlet_alpha=config.dirichlet_alpha,
-        temperature=config.temperature,
+        temperature=config.temperature if temperature is None else temperature,
+        qtransform=functools.partial(qtransform, scope=config.q_transform,
+                                     unvisited=config.unvisited_q),
     )

@@ -102,19 +102,30 @@ class UnrollTargets:
     policy_mask: Array  # [K+1] float32
 
 
+PAST_END_TARGETS = ("masked", "absorbing")
+
+
 def unroll_targets(
     rewards: Array, discounts: Array, step_types: Array, policies: Array,
     bootstrap_values: Array, *, num_unroll: int, n: int | Array, discount: float,
-    max_n: int | None = None,
+    max_n: int | None = None, past_end: str = "masked",
 ) -> UnrollTargets:
     """The targets of the K-step unroll from o_0, the first timestep of a window o_0..o_{K+n}.
 
     Inside the episode of o_0 (no LAST before step k): reward r_k, value z_k (`n_step_values`
-    with the bootstraps of `bootstrap_indices`) and the stored search policy pi_k; at a
-    terminal o_k the policy target is uniform. After a true terminal the unroll continues in
-    MuZero's absorbing state: reward 0, value 0 and a uniform policy, all trained. After a
-    truncation (LAST with discount 1, which bootstraps) nothing is known: every target past it
-    is masked.
+    with the bootstraps of `bootstrap_indices`) and the stored search policy pi_k. At a true
+    terminal o_k the value target is 0 and the reward r_k; no action is taken there, and
+    past it the unroll follows actions from another episode. `past_end` says what is trained
+    there:
+
+      "masked" (EfficientZero's reference, `core/reanalyze_worker.py` and the masks of
+      `core/train.py`): the terminal's policy is not trained, and nothing past the terminal
+      is trained;
+      "absorbing" (MuZero's absorbing state): a uniform policy at the terminal and, past it,
+      reward 0, value 0 and a uniform policy, all trained.
+
+    After a truncation (LAST with discount 1, which bootstraps) nothing is known: every target
+    past it is masked in both.
 
     Args:
       rewards: [K+n+1] r_t received on arriving at o_t.
@@ -127,9 +138,12 @@ def unroll_targets(
         data, EfficientZero's off-policy correction) needs `max_n`, the window's n.
       discount: the agent's gamma.
       max_n: see `n`.
+      past_end: "masked" or "absorbing", above.
     """
     chex.assert_rank([rewards, discounts, step_types, policies, bootstrap_values],
                      [1, 1, 1, 2, 1])
+    if past_end not in PAST_END_TARGETS:
+        raise ValueError(f"past_end={past_end!r}: use one of {PAST_END_TARGETS}")
     k1 = num_unroll + 1
     length = rewards.shape[0]
     chex.assert_shape(bootstrap_values, (k1,))
@@ -142,7 +156,12 @@ def unroll_targets(
     ended_before = (jnp.cumsum(last) - last) > 0  # a LAST at an earlier unroll step
     ends_in_terminal = terminal[jnp.argmax(last)]  # the first end is a true terminal
     alive = ~ended_before
-    trained = (alive | (ended_before & ends_in_terminal)).astype(jnp.float32)
+    if past_end == "absorbing":
+        trained = (alive | (ended_before & ends_in_terminal)).astype(jnp.float32)
+        policy_trained = trained
+    else:
+        trained = alive.astype(jnp.float32)
+        policy_trained = (alive & ~terminal).astype(jnp.float32)
     not_first = (jnp.arange(k1) > 0).astype(jnp.float32)
     uniform = jnp.full(policies.shape[1:], 1.0 / policies.shape[1], jnp.float32)
     return UnrollTargets(
@@ -151,7 +170,7 @@ def unroll_targets(
         policy=jnp.where((alive & ~terminal)[:, None], policies[:k1], uniform),
         reward_mask=trained * not_first,
         value_mask=trained,
-        policy_mask=trained,
+        policy_mask=policy_trained,
     )
 
 

@@ -1,5 +1,6 @@
 """EfficientZero on envpool's CartPole-v1 with Sebulba (MuZero's `muzero_cartpole.py`
-setting, with the value prefix and the consistency loss).
+setting, every MuZero field carried: Gumbel search, n = 10; with the value prefix and the
+consistency loss).
 
     python -m experiments.sebulba --config=experiments/configs/efficientzero_cartpole.py --workdir=/tmp/ez
 """
@@ -16,6 +17,4 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.rollout_length = config.get_ref("rollout_length")
     config.agent.projection_hidden = 64
     config.agent.projection_size = 64
-    config.agent.reanalyse_fraction = 0.0
-    config.agent.unroll_gradient_scale = False
     return config

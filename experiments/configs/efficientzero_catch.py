@@ -1,11 +1,13 @@
-"""EfficientZero on Catch with Anakin: MuZero's Catch setting (`muzero_catch.py`) plus the
-value prefix and the consistency loss (Catch's observations are not images: no augmentation).
-
-Two of EfficientZero's Atari settings are off here, as measured on Catch (docs/benchmarks.md):
-Reanalyse of a quarter of each batch with the per-step gradient scale 1/K reached 0.25 at 64K
-steps, where both off reached 0.85 at 40K.
+"""EfficientZero on Catch with Anakin: MuZero's Catch setting (`muzero_catch.py`: the same
+networks, search, replay ratio and n) plus the value prefix and the consistency loss, and the
+reference's search and acting temperature schedule. Catch's observations are not images: no
+augmentation. `from_muzero` carries every MuZero field, so this file says what differs.
 
     python -m experiments.anakin --config=experiments/configs/efficientzero_catch.py --workdir=/tmp/ez
+
+Reanalyse and the age-based n are off, as in MuZero's setting (`reanalyse_fraction=0`,
+`td_age_interval=0`): on Catch the replay holds 16 chunks of fresh data; docs/efficientzero.md
+has the ablations.
 """
 
 import ml_collections
@@ -22,6 +24,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.lstm_size = 64
     config.agent.projection_hidden = 64
     config.agent.projection_size = 64
-    config.agent.reanalyse_fraction = 0.0
-    config.agent.unroll_gradient_scale = False
+    # The reference's temperature schedule over this run's learner updates.
+    config.agent.temperature_decay_updates = (
+        config.get_ref("total_env_steps") * config.agent.get_ref("updates_per_step")
+        // (config.get_ref("num_envs") * config.get_ref("rollout_length")))
     return config

@@ -1,5 +1,6 @@
 """EfficientZero on MinAtar Breakout (gymnax's JAX port) with Anakin: the setting of
-`muzero_minatar.py` with the value prefix and the consistency loss.
+`muzero_minatar.py` (every MuZero field carried, n included) with the value prefix, the
+consistency loss, the reference's search and its acting temperature schedule over the run.
 
     python -m experiments.anakin --config=experiments/configs/efficientzero_minatar.py --workdir=/tmp/ez
 
@@ -18,7 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
     config = muzero_minatar.get_config()
     config.agent = efficientzero.from_muzero(config.agent)
     config.agent.rollout_length = config.get_ref("rollout_length")
-    config.agent.td_steps = 5  # EfficientZero's n
-    config.agent.reanalyse_fraction = 0.0
-    config.agent.unroll_gradient_scale = False
+    config.agent.temperature_decay_updates = (
+        config.get_ref("total_env_steps") * config.agent.get_ref("updates_per_step")
+        // (config.get_ref("num_envs") * config.get_ref("rollout_length")))
     return config
