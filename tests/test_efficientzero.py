@@ -290,7 +290,14 @@ def test_bad_efficientzero_fields_fail_naming_the_field():
     for changes, field in [({"td_steps_min": 0}, "agent.td_steps_min"),
                            ({"td_age_interval": -1}, "agent.td_age_interval"),
                            ({"value_prefix_horizon": 0}, "agent.value_prefix_horizon"),
-                           ({"optimizer": "sgd"}, "agent.optimizer")]:
+                           ({"optimizer": "sgd"}, "agent.optimizer"),
+                           ({"consistency_norm": "group"}, "agent.consistency_norm"),
+                           ({"augment_draws": "twice"}, "agent.augment_draws"),
+                           ({"unroll_gradient_scale": "yes"}, "agent.unroll_gradient_scale"),
+                           ({"temperature_decay_updates": -1},
+                            "agent.temperature_decay_updates"),
+                           ({"q_transform": "global"}, "agent.q_transform"),
+                           ({"past_end_targets": "uniform"}, "agent.past_end_targets")]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             agents.make(small_config(**changes), SPEC)
 
@@ -448,3 +455,71 @@ def test_augmentation_shifts_each_sample_by_one_offset_and_scales_its_intensity(
         assert 0.9 - 1e-6 <= factor <= 1.1 + 1e-6
         offsets.add((dy, dx))
     assert len(offsets) > 1  # the offsets are drawn per sample
+
+
+@pytest.mark.parametrize("draws", ["separate", "shared"])
+def test_online_input_and_consistency_targets_get_separate_augmentation_draws(draws):
+    # Intensity only: each step's image is the original times one factor 1 + 0.05 * clip(N).
+    # The reference draws the online input o_0 and the targets o_1..o_K apart (one draw per
+    # sample for all K targets); "shared" uses one draw for all K+1.
+    frames = jnp.asarray(np.random.default_rng(1).uniform(0.2, 1.0, (6, 4, 8, 8, 2)),
+                         jnp.float32)  # [S, K+1, H, W, C]
+    config = small_config(augment_shift=0, augment_intensity=0.05, augment_draws=draws)
+    out = np.asarray(ez.augment_unroll(frames, jax.random.key(3), config))
+    factors = (out / np.asarray(frames)).reshape(6, 4, -1)
+    np.testing.assert_allclose(factors, factors[..., :1].repeat(factors.shape[-1], -1),
+                               rtol=1e-5)  # one factor per image
+    step_factor = factors[..., 0]  # [S, K+1]
+    np.testing.assert_allclose(step_factor[:, 1:], step_factor[:, 1:2].repeat(3, 1), rtol=1e-6)
+    assert np.all((step_factor >= 0.9 - 1e-6) & (step_factor <= 1.1 + 1e-6))
+    online_differs = np.abs(step_factor[:, 0] - step_factor[:, 1]) > 1e-6
+    if draws == "separate":
+        assert np.all(online_differs)
+    else:
+        assert not np.any(online_differs)
+
+
+@pytest.mark.parametrize("scale", ["whole", "per_step"])
+def test_unroll_gradient_scale_weighs_steps_past_zero_as_the_switch_says(scale):
+    # d/dparams of the policy logits at step 1 against step 0's: the same network is applied
+    # to another latent, so compare the gradient of step 1's prediction through the unroll
+    # with and without the switch's scale. "whole" leaves every step's weight alone (the
+    # reference scales the whole loss); "per_step" multiplies steps 1..K by 1/K.
+    config = small_config(unroll_gradient_scale=scale)
+    network = ez.make_ez_network(config, SPEC)
+    observation = jax.random.normal(jax.random.key(1), (4, 6, 4))
+    params = perturbed_params(network, jax.random.key(0), observation)
+    actions = jnp.zeros((4, config.unroll_steps), jnp.int32)
+
+    def step_one(scale_name):
+        c = small_config(unroll_gradient_scale=scale_name)
+
+        def f(params):
+            out = ez.unroll_model(network, params, observation, actions, c)
+            return (jnp.sum(out.policy_logits[:, 1] ** 2)
+                    + jnp.sum(out.reward_logits[:, 2] ** 2))
+        return jax.grad(f)(params)
+
+    grads, reference = step_one(scale), step_one("whole")
+    expected = 1.0 if scale == "whole" else 1.0 / config.unroll_steps
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(reference)):
+        np.testing.assert_allclose(np.asarray(g), expected * np.asarray(r), rtol=1e-4,
+                                   atol=1e-6)
+    assert any(np.abs(np.asarray(r)).max() > 0 for r in jax.tree.leaves(reference))
+
+
+def test_acting_temperature_follows_the_reference_schedule():
+    # EfficientZero's visit_softmax_temperature_fn: 1.0 before half the training updates,
+    # 0.5 before three quarters, then 0.25.
+    config = small_config(temperature_decay_updates=1000)
+    for updates, expected in [(0, 1.0), (499, 1.0), (500, 0.5), (749, 0.5), (750, 0.25),
+                              (5000, 0.25)]:
+        assert float(ez.temperature_at(config, jnp.asarray(updates))) == expected, updates
+    assert float(ez.temperature_at(small_config(temperature_decay_updates=0, temperature=0.7),
+                                   jnp.asarray(10**6))) == pytest.approx(0.7)
+    # The actors receive it with the parameters.
+    agent = agents.make(config, SPEC)
+    state = agent.init(jax.random.key(0), SPEC).replace(updates=jnp.asarray(600))
+    actor_params = agent.actor_params(state)
+    assert float(actor_params["temperature"]) == 0.5
+    assert actor_params["network"] is state.params

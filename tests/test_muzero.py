@@ -514,3 +514,68 @@ def test_hyperparameters_are_held_in_the_learner_state_and_sweepable():
     priorities = np.asarray(result.state.learner_state.replay.priorities).reshape(2, -1)
     # The same seed: only alpha differs, so the runs sampled (and re-prioritised) differently.
     assert not np.array_equal(priorities[0], priorities[1])
+
+
+def _hand_tree():
+    """A two-action tree: root 0 -a0-> node 1 -a0-> node 2; the other actions unvisited.
+    Q(0, a0) = 1 + 0.5 * 2 = 2 and Q(1, a0) = 0 + 0.5 * (-2) = -1."""
+    f = lambda x: jnp.asarray(x, jnp.float32)
+    return mctx.Tree(
+        node_visits=jnp.array([3, 2, 1], jnp.int32),
+        raw_values=f([0.0, 0.0, -2.0]),
+        node_values=f([1.0, 2.0, -2.0]),
+        parents=jnp.array([-1, 0, 1], jnp.int32),
+        action_from_parent=jnp.array([-1, 0, 0], jnp.int32),
+        children_index=jnp.array([[1, -1], [2, -1], [-1, -1]], jnp.int32),
+        children_prior_logits=f(np.zeros((3, 2))),
+        children_visits=jnp.array([[2, 0], [1, 0], [0, 0]], jnp.int32),
+        children_rewards=f([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]]),
+        children_discounts=f([[0.5, 0.0], [0.5, 0.0], [0.0, 0.0]]),
+        children_values=f([[2.0, 0.0], [-2.0, 0.0], [0.0, 0.0]]),
+        embeddings=f(np.zeros((3, 1))),
+        root_invalid_actions=f([0.0, 0.0]),
+        extra_data=None,
+    )
+
+
+def test_tree_min_max_q_and_parent_mean_q_match_a_hand_computation():
+    tree = _hand_tree()
+    # Visited edges' Q: {2, -1}: min -1, range 3.
+    # Mean Q (EfficientZero's get_mean_q): root: 2 / 1 = 2; node 1: (2 + (-1)) / (1 + 1) = 0.5.
+    assert float(muzero.mean_q(tree, jnp.asarray(0))) == pytest.approx(2.0)
+    assert float(muzero.mean_q(tree, jnp.asarray(1))) == pytest.approx(0.5)
+    q = lambda node, unvisited: np.asarray(muzero.qtransform(
+        tree, jnp.asarray(node), scope="tree_min_max", unvisited=unvisited))
+    # Root: a0 (2 + 1) / 3 = 1; a1 unvisited at the root's mean 2: 1 (clipped), or 0.
+    np.testing.assert_allclose(q(0, "parent_mean"), [1.0, 1.0], atol=1e-6)
+    np.testing.assert_allclose(q(0, "min"), [1.0, 0.0], atol=1e-6)
+    # Node 1: a0 (-1 + 1) / 3 = 0; a1 at node 1's mean 0.5: (0.5 + 1) / 3 = 0.5.
+    np.testing.assert_allclose(q(1, "parent_mean"), [0.0, 0.5], atol=1e-6)
+    # A range below the floor 0.01 divides by the floor: Q(1, a0) = 1.995, range 0.005.
+    narrow = _hand_tree().replace(children_values=jnp.asarray(
+        [[2.0, 0.0], [3.99, 0.0], [0.0, 0.0]], jnp.float32))
+    got = np.asarray(muzero.qtransform(narrow, jnp.asarray(1), scope="tree_min_max",
+                                       unvisited="min"))
+    np.testing.assert_allclose(got, [0.0, 0.0], atol=1e-5)  # the minimum edge
+    got = np.asarray(muzero.qtransform(narrow, jnp.asarray(0), scope="tree_min_max",
+                                       unvisited="min"))
+    np.testing.assert_allclose(got, [0.005 / 0.01, 0.0], atol=1e-4)
+    # mctx's own transform is what the default switches give.
+    np.testing.assert_array_equal(
+        np.asarray(muzero.qtransform(tree, jnp.asarray(1))),
+        np.asarray(mctx.qtransform_by_parent_and_siblings(tree, jnp.asarray(1))))
+
+
+def test_reference_search_switches_run_inside_a_batched_search():
+    config = muzero.default_config()
+    config.hidden_sizes, config.latent_size, config.num_simulations = (16,), 16, 12
+    config.q_transform, config.unvisited_q = "tree_min_max", "parent_mean"
+    network = muzero.make_network(config, SPEC)
+    obs = jax.random.uniform(jax.random.PRNGKey(0), (3, 10, 5))
+    params = network.init(jax.random.PRNGKey(1), obs, jnp.zeros((3,), jnp.int32))
+    out = jax.jit(lambda p, o, k: muzero.run_search(network, p, o, k, config,
+                                                    evaluation=False))(
+        params, obs, jax.random.PRNGKey(2))
+    weights = np.asarray(out.action_weights)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+    assert np.asarray(out.search_tree.node_visits)[:, 0].tolist() == [13, 13, 13]

@@ -40,30 +40,19 @@ def _norm(kind: str) -> nn.Module:
     return BatchStatNorm() if kind == "batch" else nn.LayerNorm()
 
 
-class _Projection(nn.Module):
-    """Linear-norm-ReLU then a linear, normalised output, SimSiam's shape."""
+class _Head(nn.Module):
+    """Linear-norm-ReLU then a linear output, normalised when `normalise_output` (the
+    projector; SimSiam's shape) or not (the predictor)."""
 
     hidden: int
     output: int
     norm: str = "batch"
+    normalise_output: bool = True
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        x = nn.relu(_norm(self.norm)(nn.Dense(self.hidden)(x)))
-        return _norm(self.norm)(nn.Dense(self.output)(x))
-
-
-class _Predictor(nn.Module):
-    """Linear-norm-ReLU-Linear."""
-
-    hidden: int
-    output: int
-    norm: str = "batch"
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        x = nn.relu(_norm(self.norm)(nn.Dense(self.hidden)(x)))
-        return nn.Dense(self.output)(x)
+        x = nn.Dense(self.output)(nn.relu(_norm(self.norm)(nn.Dense(self.hidden)(x))))
+        return _norm(self.norm)(x) if self.normalise_output else x
 
 
 class EfficientZeroNetwork(nn.Module):
@@ -80,10 +69,10 @@ class EfficientZeroNetwork(nn.Module):
         self.prefix_head = Head(self.muzero.num_bins, tuple(self.muzero.hidden_sizes))
         if self.prefix_norm:
             self.prefix_layer_norm = nn.LayerNorm()
-        self.projector = _Projection(self.projection_hidden, self.projection_size,
-                                     self.consistency_norm)
-        self.predictor = _Predictor(self.projection_hidden, self.projection_size,
-                                    self.consistency_norm)
+        self.projector = _Head(self.projection_hidden, self.projection_size,
+                               self.consistency_norm)
+        self.predictor = _Head(self.projection_hidden, self.projection_size,
+                               self.consistency_norm, normalise_output=False)
 
     def represent(self, observation: Array) -> Array:
         return self.model.represent(observation)

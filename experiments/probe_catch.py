@@ -1,0 +1,118 @@
+"""Probes of what MuZero's and EfficientZero's learnt models know about Catch, after training
+each with its shipped config (same seed, same budget): every state and transition of Catch is
+enumerated from its rules, so nothing is held out by chance.
+
+    python -m experiments.probe_catch [--seed=0] [--total_env_steps=48000]
+
+For each agent it prints:
+  value error     mean |v(o) - v*(o)| over the 225 states with the ball above the bottom row,
+                  v* the optimal value (a catchable ball is worth gamma^(steps left - 1),
+                  an uncatchable one minus that);
+  reward error    mean |r_hat - r| of the model's reward (EfficientZero: its value prefix)
+                  for the 75 last-step transitions, r = +1 caught, -1 missed;
+  search entropy  mean entropy (nats) of the acting search's visit distribution over the
+                  225 states (log 3 = 1.10 is uniform);
+  and for EfficientZero the consistency probes of `agents.efficientzero.probes`.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from absl import app, flags
+
+import anakin
+import envs_jax
+from agents import efficientzero as ez
+from agents import muzero
+from agents.efficientzero import probes
+from experiments.configs import efficientzero_catch, muzero_catch
+
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of both runs.")
+_STEPS = flags.DEFINE_integer("total_env_steps", 48_000, "Environment steps of each run.")
+
+ROWS, COLUMNS = 10, 5
+
+
+def _board(ball_y: int, ball_x: int, paddle: int) -> np.ndarray:
+    o = np.zeros((ROWS, COLUMNS), np.float32)
+    o[ball_y, ball_x] = 1.0
+    o[ROWS - 1, paddle] = 1.0
+    return o
+
+
+def catch_enumeration(discount: float):
+    """(states [225, 10, 5], v* [225], last-step observations [75, 10, 5], actions [75],
+    rewards [75], transitions (o [675], a [675], o' [675]))."""
+    states, values, last, last_actions, last_rewards = [], [], [], [], []
+    obs, actions, following = [], [], []
+    for y in range(ROWS - 1):
+        for x in range(COLUMNS):
+            for p in range(COLUMNS):
+                left = ROWS - 1 - y  # moves (and transitions) before the ball lands
+                states.append(_board(y, x, p))
+                values.append((1.0 if abs(p - x) <= left else -1.0) * discount ** (left - 1))
+                for a in range(3):
+                    moved = min(max(p + a - 1, 0), COLUMNS - 1)
+                    obs.append(_board(y, x, p))
+                    actions.append(a)
+                    following.append(_board(y + 1, x, moved))
+                    if y == ROWS - 2:
+                        last.append(_board(y, x, p))
+                        last_actions.append(a)
+                        last_rewards.append(1.0 if moved == x else -1.0)
+    return (np.stack(states), np.asarray(values, np.float32), np.stack(last),
+            np.asarray(last_actions, np.int32), np.asarray(last_rewards, np.float32),
+            (np.stack(obs), np.asarray(actions, np.int32), np.stack(following)))
+
+
+def probe(name: str, config) -> str:
+    config.seed = _SEED.value
+    config.total_env_steps = _STEPS.value
+    result = anakin.train(config)
+    spec = envs_jax.make("catch").spec()
+    a = config.agent.copy_and_resolve_references()
+    network = (ez.make_ez_network if a.name == "efficientzero" else muzero.make_network)(a, spec)
+    params = result.params
+    states, v_star, last, last_actions, last_rewards, transitions = catch_enumeration(a.discount)
+    latent = network.apply(params, states, method="represent")
+    _, value_logits = network.apply(params, latent, method="predict")
+    value = np.asarray(muzero.value_to_scalar(value_logits, a.support_size))
+    last_latent = network.apply(params, last, method="represent")
+    reward_logits, next_latent = network.apply(params, last_latent, last_actions,
+                                               method="dynamics")
+    if a.name == "efficientzero" and a.value_prefix:
+        reward_logits, _ = network.apply(params, next_latent,
+                                         ez.initial_carry(len(last), a.lstm_size),
+                                         method="prefix")
+    reward = np.asarray(muzero.value_to_scalar(reward_logits, a.support_size))
+    if a.name == "efficientzero":
+        out = ez.run_search(network, params, states, jax.random.key(0), a,
+                            evaluation=False)
+    else:
+        out = muzero.run_search(network, params, states, jax.random.key(0), a,
+                                evaluation=False)
+    weights = np.asarray(out.action_weights)
+    entropy = -np.sum(weights * np.log(np.maximum(weights, 1e-12)), axis=-1).mean()
+    line = (f"{name:<14} return {result.final_metrics['episode_return']:.3f}  value error "
+            f"{np.abs(value - v_star).mean():.3f}  reward error "
+            f"{np.abs(reward - last_rewards).mean():.3f}  search entropy {entropy:.3f}")
+    if a.name == "efficientzero":
+        similarity = float(probes.projection_similarity(network, params, states))
+        true_next, unrelated = map(float, probes.prediction_alignment(network, params,
+                                                                      *transitions))
+        line += (f"  projection cosine {similarity:.3f}  prediction vs true next "
+                 f"{true_next:.3f}, vs unrelated {unrelated:.3f}")
+    return line
+
+
+def main(argv):
+    del argv
+    lines = [probe(name, module.get_config())
+             for name, module in (("MuZero", muzero_catch), ("EfficientZero", efficientzero_catch))]
+    print(f"seed {_SEED.value}, {_STEPS.value} environment steps each:")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    app.run(main)
