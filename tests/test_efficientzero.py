@@ -231,20 +231,24 @@ def _trajectory(spec, t, b, key):
 @pytest.mark.parametrize("changes, spec", [
     ({}, SPEC),  # everything on, Reanalyse included
     ({"value_prefix": False, "consistency": False, "reanalyse_fraction": 0.0,
-      "unroll_gradient_scale": False}, SPEC),
+      "unroll_gradient_scale": "per_step", "past_end_targets": "absorbing",
+      "q_transform": "parent_and_siblings", "unvisited_q": "min",
+      "temperature_decay_updates": 0}, SPEC),
     ({"td_age_interval": 8, "refresh_interval": 1, "refresh_batch": 3,
       "optimizer": "clipped_lars", "learning_rate": 0.1, "search": "gumbel",
-      "value_prefix_norm": False}, SPEC),
+      "value_prefix_norm": False, "consistency_norm": "layer", "reanalyse_value": "root"},
+     SPEC),
     ({"network": "ez_resnet", "augment": True, "reanalyse_fraction": 0.0}, IMAGE_SPEC),
-], ids=["all-on", "all-off", "age-refresh-lars-gumbel-prefix-without-norm",
-                        "ez_resnet-augment"])
+], ids=["all-on", "all-off", "age-refresh-lars-gumbel-prefix-without-norm-layernorm-root",
+        "ez_resnet-augment"])
 def test_every_ablation_switch_builds_acts_and_learns_finitely(changes, spec):
     config = small_config(**changes)
     agent = agents.make(config, spec)
     state = agent.init(jax.random.key(0), spec)
     trajectory = _trajectory(spec, config.rollout_length, 4, jax.random.key(1))
     timestep = jax.tree.map(lambda x: x[0], trajectory.timestep)
-    action, _, extras = jax.jit(agent.actor_step)(state.params, (), timestep, jax.random.key(2))
+    action, _, extras = jax.jit(agent.actor_step)(agent.actor_params(state), (), timestep,
+                                                  jax.random.key(2))
     assert action.shape == (4,) and extras["policy"].shape == (4, 3)
     step = jax.jit(functools.partial(agent.learner_step, axis_name=None))
     before = state.params

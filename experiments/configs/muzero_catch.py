@@ -33,6 +33,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.target_update_interval = 50
     config.agent.unroll_steps = 3  # K: Catch needs no deeper model to learn quickly
     config.agent.td_steps = 5  # n: half a 9-step Catch episode; learns faster than 10 with alpha > 0
+    # Catch's 9-step episodes put a terminal inside many K = 3 unrolls. Training the absorbing
+    # state after it (value 0, reward 0, uniform policy) costs MuZero nothing here and keeps
+    # EfficientZero's value-prefix model from stalling at a training return of 0.8
+    # (docs/efficientzero.md); the reference masks those targets ("masked", the default).
+    config.agent.past_end_targets = "absorbing"
     config.updates_per_chunk = 25
     config.total_env_steps = 64_000
     # Greedy evaluation compiles a second search program; enable it with
