@@ -1,6 +1,6 @@
 """EfficientZero on MinAtar Breakout (gymnax's JAX port) with Anakin: the setting of
-`muzero_minatar.py` (every MuZero field carried, n included) with the value prefix, the
-consistency loss, the reference's search and its acting temperature schedule over the run.
+`muzero_minatar.py` (every MuZero field carried, n included, and MuZero's search settings)
+with the value prefix and the consistency loss.
 
     python -m experiments.anakin --config=experiments/configs/efficientzero_minatar.py --workdir=/tmp/ez
 
@@ -19,7 +19,8 @@ def get_config() -> ml_collections.ConfigDict:
     config = muzero_minatar.get_config()
     config.agent = efficientzero.from_muzero(config.agent)
     config.agent.rollout_length = config.get_ref("rollout_length")
-    config.agent.temperature_decay_updates = (
-        config.get_ref("total_env_steps") * config.agent.get_ref("updates_per_step")
-        // (config.get_ref("num_envs") * config.get_ref("rollout_length")))
+    # MuZero's search and acting temperature, as in efficientzero_catch.py.
+    config.agent.q_transform = "parent_and_siblings"
+    config.agent.unvisited_q = "min"
+    config.agent.temperature_decay_updates = 0
     return config
