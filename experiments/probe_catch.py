@@ -2,7 +2,8 @@
 each with its shipped config (same seed, same budget): every state and transition of Catch is
 enumerated from its rules, so nothing is held out by chance.
 
-    python -m experiments.probe_catch [--seed=0] [--total_env_steps=48000]
+    python -m experiments.probe_catch [--seed=0] [--total_env_steps=48000] \
+        [--efficientzero=past_end_targets=masked,q_transform=tree_min_max]
 
 For each agent it prints:
   value error     mean |v(o) - v*(o)| over the 225 states with the ball above the bottom row,
@@ -30,6 +31,8 @@ from experiments.configs import efficientzero_catch, muzero_catch
 
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of both runs.")
 _STEPS = flags.DEFINE_integer("total_env_steps", 48_000, "Environment steps of each run.")
+_EZ = flags.DEFINE_list("efficientzero", [], "field=value changes to EfficientZero's agent "
+                        "config (strings and integers).")
 
 ROWS, COLUMNS = 10, 5
 
@@ -108,9 +111,13 @@ def probe(name: str, config) -> str:
 
 def main(argv):
     del argv
-    lines = [probe(name, module.get_config())
-             for name, module in (("MuZero", muzero_catch), ("EfficientZero", efficientzero_catch))]
-    print(f"seed {_SEED.value}, {_STEPS.value} environment steps each:")
+    ez_config = efficientzero_catch.get_config()
+    for change in _EZ.value:
+        field, value = change.split("=")
+        ez_config.agent[field] = int(value) if value.lstrip("-").isdigit() else value
+    lines = [probe("MuZero", muzero_catch.get_config()), probe("EfficientZero", ez_config)]
+    print(f"seed {_SEED.value}, {_STEPS.value} environment steps each; EfficientZero "
+          f"changes: {_EZ.value or 'none'}")
     print("\n".join(lines))
 
 
