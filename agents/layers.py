@@ -1,5 +1,6 @@
-"""Network layers shared by the agents, for the ops whose gradients XLA:CPU computes slowly:
-the same maths, with the gradient computed another way.
+"""Network layers shared by the agents: for the ops whose gradients XLA:CPU computes slowly,
+the same maths with the gradient computed another way (`Conv`, `max_pool_3x3_stride_2`), and
+`BatchStatNorm`, batch normalisation with the batch's own statistics.
 
 `Conv` is flax's `nn.Conv` (same parameters, same initialisers, same forward pass) whose
 kernel gradient on the CPU backend is an im2col matrix product instead of XLA's

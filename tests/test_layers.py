@@ -195,3 +195,21 @@ def test_max_pool_value_and_gradient_equal_flax_bit_for_bit(shape, levels):
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(jax.jit(got_vjp)(cotangent)[0],
                                   jax.jit(expected_vjp)(cotangent)[0])
+
+
+def test_batch_stat_norm_is_flax_batch_norm_in_training_mode():
+    # flax's BatchNorm with batch statistics (use_running_average=False) is the reference; ours
+    # keeps no running averages. Also by hand: zero mean, unit (biased) variance per feature.
+    from agents.layers import BatchStatNorm
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (16, 5)) * 3.0 + 2.0
+    ours = BatchStatNorm()
+    params = ours.init(jax.random.PRNGKey(1), x)
+    assert "batch_stats" not in params
+    y = np.asarray(ours.apply(params, x))
+    reference = nn.BatchNorm(use_running_average=False, momentum=0.9, epsilon=1e-5)
+    variables = reference.init(jax.random.PRNGKey(1), x)
+    expected, _ = reference.apply(variables, x, mutable=["batch_stats"])
+    np.testing.assert_allclose(y, np.asarray(expected), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y.mean(0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(y.var(0), 1.0, rtol=1e-3)
