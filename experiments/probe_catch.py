@@ -18,6 +18,8 @@ For each agent it prints:
 
 from __future__ import annotations
 
+import ast
+
 import jax
 import numpy as np
 from absl import app, flags
@@ -32,7 +34,7 @@ from experiments.configs import efficientzero_catch, muzero_catch
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of both runs.")
 _STEPS = flags.DEFINE_integer("total_env_steps", 48_000, "Environment steps of each run.")
 _EZ = flags.DEFINE_list("efficientzero", [], "field=value changes to EfficientZero's agent "
-                        "config (strings and integers).")
+                        "config (Python literals, e.g. False or 0.5, or strings).")
 
 ROWS, COLUMNS = 10, 5
 
@@ -114,7 +116,10 @@ def main(argv):
     ez_config = efficientzero_catch.get_config()
     for change in _EZ.value:
         field, value = change.split("=")
-        ez_config.agent[field] = int(value) if value.lstrip("-").isdigit() else value
+        try:
+            ez_config.agent[field] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            ez_config.agent[field] = value  # a string
     lines = [probe("MuZero", muzero_catch.get_config()), probe("EfficientZero", ez_config)]
     print(f"seed {_SEED.value}, {_STEPS.value} environment steps each; EfficientZero "
           f"changes: {_EZ.value or 'none'}")
