@@ -151,12 +151,9 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first EfficientZero field that cannot work."""
     muzero.validate(config)
-    choices = {"consistency_norm": CONSISTENCY_NORMS, "augment_draws": learning.AUGMENT_DRAWS,
-               "unroll_gradient_scale": learning.GRADIENT_SCALES}
-    for field, allowed in choices.items():
-        if config[field] not in allowed:
-            raise ConfigError(f"agent.{field}", f"is {config[field]!r}",
-                              f"use one of {', '.join(map(repr, allowed))}")
+    muzero.check_choices(config, {"consistency_norm": CONSISTENCY_NORMS,
+                                  "augment_draws": learning.AUGMENT_DRAWS,
+                                  "unroll_gradient_scale": learning.GRADIENT_SCALES})
     if config.temperature_decay_updates < 0:
         raise ConfigError("agent.temperature_decay_updates",
                           f"is {config.temperature_decay_updates}",

@@ -222,15 +222,20 @@ def init_learner_state(network, optimizer: optax.GradientTransformation,
     )
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-    """Raises `ConfigError` naming the first MuZero choice field with an unknown value."""
-    choices = {"q_transform": Q_TRANSFORMS, "unvisited_q": UNVISITED_Q,
-               "past_end_targets": PAST_END_TARGETS,
-               "reanalyse_value": ("target_network", "root")}
+def check_choices(config: ml_collections.ConfigDict, choices: dict[str, tuple]) -> None:
+    """Raises `ConfigError` naming the first field of `choices` ({field: allowed values})
+    whose value in `config` is not allowed."""
     for field, allowed in choices.items():
         if config[field] not in allowed:
             raise ConfigError(f"agent.{field}", f"is {config[field]!r}",
                               f"use one of {', '.join(map(repr, allowed))}")
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Raises `ConfigError` naming the first MuZero choice field with an unknown value."""
+    check_choices(config, {"q_transform": Q_TRANSFORMS, "unvisited_q": UNVISITED_Q,
+                           "past_end_targets": PAST_END_TARGETS,
+                           "reanalyse_value": ("target_network", "root")})
 
 
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
