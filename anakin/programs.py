@@ -75,7 +75,6 @@ def make_rollout(agent: Agent, env: envs_jax.Environment, rollout_length: int) -
     return rollout
 
 
-_FINITE = "_finite"
 FIRST_NONFINITE = "first_nonfinite_update"  # a chunk metric, not logged: see `train`
 
 
@@ -113,7 +112,7 @@ def make_programs(agent: Agent, env: envs_jax.Environment, *, envs_per_device: i
         finite = faults.all_finite(metrics, agent.actor_params(learner_state))
         # Timesteps o_1 .. o_T are new in this rollout (o_0 was the previous one's o_T).
         new_timesteps = jax.tree.map(lambda x: x[1:], trajectory.timestep)
-        metrics = {**metrics, **episode_statistics(new_timesteps), _FINITE: finite}
+        metrics = {**metrics, **episode_statistics(new_timesteps), faults.FINITE: finite}
         state = RunnerState(learner_state=learner_state, actor_state=actor_state,
                             env_state=env_state, timestep=timestep, key=key)
         return state, metrics
@@ -122,7 +121,7 @@ def make_programs(agent: Agent, env: envs_jax.Environment, *, envs_per_device: i
         state, metrics = jax.lax.scan(update, state, length=updates_per_chunk)
         # The first update (0-based, within the chunk) whose loss or parameters are not
         # finite on any device; `updates_per_chunk` when all are.
-        first_bad = faults.first_false(metrics.pop(_FINITE))
+        first_bad = faults.first_false(metrics.pop(faults.FINITE))
         counts = {k: jnp.sum(metrics.pop(k)) for k in list(metrics) if k.startswith("episode")}
         means = jax.tree.map(jnp.mean, metrics)
         if axis_name is not None:

@@ -39,9 +39,9 @@ resumes from the newest good one; the resumed run ends bit-identical to an unint
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -53,7 +53,8 @@ import numpy as np
 
 import agents
 import envs_jax
-from anakin.config import Run, option, sweep_runs, validate
+from anakin.config import Run
+from anakin.plan import RunPlan, make_plan
 from anakin.programs import (
     FIRST_NONFINITE,
     RunnerState,
@@ -64,30 +65,188 @@ from podracer import distributed, faults, replication
 from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
 from podracer.agent import Agent
-from podracer.checkpoint import Checkpointer, Preemption, Snapshot, snapshot, state_layout
+from podracer.checkpoint import Preemption, Snapshot, snapshot, state_layout
+from podracer.session import RunSession, TrainResult, eval_key, print_end_of_run
+
+# Fields that may change between an interrupted run and its resumption (shared with Sebulba).
+RESUMABLE_CHANGES = workdir_lib.RESUMABLE_CHANGES
 
 
-@dataclasses.dataclass
-class TrainResult:
-    """What `train` returns. For a sweep, the state's leaves are `[devices, runs, ...]`,
-    `params` is `[runs, ...]`, and `history` averages the runs (each run's own records are in
-    `run_histories`)."""
+# ---------------------------------------------------------------------------------------------
+# THE RUN
 
-    state: RunnerState  # stacked over devices
-    final_metrics: dict[str, float]  # the last log record
-    history: list[dict[str, float]]  # every log record (a resumed run: earlier ones included)
-    compile_seconds: float
-    run_seconds: float
-    run_histories: list[list[dict[str, float]]] = dataclasses.field(default_factory=list)
-    interrupted: bool = False  # stopped by SIGTERM after saving a checkpoint
-    resumed_from_updates: int | None = None  # the checkpoint this run started from
-    checkpoint_seconds: float = 0.0  # time spent writing checkpoints
-    eval_seconds: float = 0.0  # time spent evaluating (compilation included)
 
-    @property
-    def params(self) -> Any:
-        """The learner parameters of this process's first device."""
-        return replication.unreplicate(self.state.learner_state.params)
+def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
+          log_fn: Callable[[dict], None] | None = None) -> TrainResult:
+    """Runs an Anakin experiment to `config.total_env_steps` and returns its final state.
+
+    Joins a `jax.distributed` run first if launched as one (see `podracer.distributed`): the
+    program is then replicated over the devices of every process, gradients are averaged
+    across all of them, and only process 0 writes records. Without a workdir it only prints
+    progress. With one: metrics.jsonl and TensorBoard event files (per run, in `run_<i>/`, for
+    a sweep), config.json/config.yaml, and checkpoints in `<workdir>/checkpoints`, from which
+    a later call with the same workdir resumes (see `podracer.workdir`: a workdir holding a
+    checkpoint of a different run is refused before anything compiles, and left untouched).
+    The workdir is locked while the run lives (`podracer.session`): a second run on it is
+    refused before compiling, naming this one. SIGTERM stops the run after the chunk in flight
+    when it is seen (at most two chunks), with a checkpoint saved, and returns a result with
+    `interrupted=True`. A NaN or inf loss or parameter raises `podracer.faults.NonFiniteError`
+    naming the update, before it could be checkpointed. `log_fn` gets every record (a sweep's
+    carry their `run` index).
+    """
+    distributed.initialize_from_env()
+    plan = make_plan(config, jax.device_count())
+    session = RunSession.open(workdir)
+    try:
+        started = time.perf_counter()
+        programs = _programs(config, plan)
+        init_args = _init_args(config, plan, programs)
+        session.find_resume_point(
+            config=plan.config, resumable=RESUMABLE_CHANGES,
+            layout=state_layout(jax.eval_shape(programs.init_fn, *init_args)),
+            run_shape={"num_devices": plan.num_devices, "num_runs": plan.num_runs})
+        state = programs.init_fn(*init_args)
+        chunk_fn = _compile(programs, plan, state, checkpoints=session.checkpoint_dir is not None)
+        compile_seconds = time.perf_counter() - started
+        state, start = _resume(session, plan, programs, state, init_args[2])
+        records = _open_records(session, plan, start)
+        if plan.is_main:
+            _print_banner(plan, session, start, compile_seconds)
+        loop = _HostLoop(plan, programs, chunk_fn, session, records, log_fn,
+                         time_offset=compile_seconds + start.wall_time)
+        state, outcome = loop.run(state, start)
+    finally:
+        session.close()
+    return _finish_run(plan, session, records, state, outcome, start, compile_seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """Where the host loop starts: from scratch, or from a checkpoint."""
+
+    chunks: int = 0  # chunks already done
+    wall_time: float = 0.0  # the wall time recorded with them
+    resumed_from: int | None = None  # the checkpoint's update, when resumed
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    """What the host loop did."""
+
+    run_start: float  # perf_counter when it started
+    interrupted: bool  # stopped by SIGTERM
+    signal_received: int | None
+    saved_chunks: int | None  # chunks in the newest checkpoint written
+    checkpoint_seconds: float
+    eval_seconds: float
+
+
+def _init_args(config: ml_collections.ConfigDict, plan: RunPlan,
+               programs: _Programs) -> list[Any]:
+    """The init program's inputs, global arrays: environment and parameter keys, and the
+    agent's hyperparameters (per run, for a sweep). Every process derives the same global keys
+    and places its own devices' slices."""
+    env_keys, params_keys = _initial_keys(plan.seeds, plan.num_devices, plan.sweep)
+    hparams = {}
+    for name in programs.hparam_names:
+        values = [r.hparams.get(name, config.agent[name]) for r in plan.runs]
+        shape = (plan.num_devices, plan.num_runs) if plan.sweep else (plan.num_devices,)
+        hparams[name] = np.broadcast_to(
+            np.asarray(values if plan.sweep else values[0], np.float32), shape)
+    return [replication.from_global(env_keys, programs.mesh),
+            replication.from_global(params_keys, programs.mesh),
+            replication.from_global(hparams, programs.mesh)]
+
+
+def _compile(programs: _Programs, plan: RunPlan, state: RunnerState, *,
+             checkpoints: bool) -> Callable:
+    """The chunk, compiled for `state`; and, so that the first of them does not hold the loop,
+    the checkpoints' copy-and-fingerprint program and the evaluator."""
+    if programs.chunk_fn is None:
+        programs.chunk_fn = programs.chunk.lower(state).compile()
+    if checkpoints:
+        jax.block_until_ready(snapshot(state).digest)
+    if plan.eval_every > 0:
+        params = replication.unreplicate(programs.agent.actor_params(state.learner_state))
+        keys = np.zeros((plan.num_runs, 2) if plan.sweep else (2,), np.uint32)
+        programs.evaluator(plan.eval_episodes, plan.eval_max_steps, params, keys)
+    return programs.chunk_fn
+
+
+def _resume(session: RunSession, plan: RunPlan, programs: _Programs, state: RunnerState,
+            hparams: Any) -> tuple[RunnerState, _Start]:
+    """Restores the checkpoint found before compiling (or, if it proves damaged, an older one);
+    `state` and a fresh start when there is none."""
+    restored = session.restore(state, checkpoint_keep=plan.checkpoint_keep)
+    if restored is None:
+        return state, _Start()
+    state = restored.state
+    if programs.hparam_names and session.changes_hparams(programs.hparam_names):
+        # Continuing with changed values (`resume_allow_changes`): the restored state holds the
+        # checkpoint's.
+        state = programs.set_hparams_fn(state, hparams)
+    chunks = int(restored.metadata["chunks"])
+    return state, _Start(chunks=chunks, wall_time=float(restored.metadata["wall_time"]),
+                         resumed_from=chunks * plan.updates_per_chunk)
+
+
+def _open_records(session: RunSession, plan: RunPlan, start: _Start) -> workdir_lib.Records:
+    """The records of every run: `<workdir>/` for a single run, `<workdir>/run_<i>/` for a
+    sweep's."""
+    run_dirs: list[str | None] = [None] * plan.num_runs
+    if session.workdir is not None:
+        run_dirs = ([f"{session.workdir}/run_{i}" for i in range(plan.num_runs)] if plan.sweep
+                    else [session.workdir])
+    resumed = start.resumed_from is not None
+    return session.open_records(
+        run_dirs, config=plan.config,
+        run_configs=[_run_config(plan.config, r) for r in plan.runs] if plan.sweep else None,
+        enabled=plan.is_main, resumed_from=start.resumed_from,
+        total_env_steps=plan.total_env_steps,
+        resume_env_steps=start.chunks * plan.steps_per_chunk if resumed else None,
+        progress=not plan.sweep)
+
+
+def _print_banner(plan: RunPlan, session: RunSession, start: _Start,
+                  compile_seconds: float) -> None:
+    processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
+    print(f"Anakin: {plan.agent_name} on {plan.env_name}, {plan.describe()}, "
+          f"{plan.num_devices} device(s){processes} ({jax.devices()[0].platform}), "
+          f"{plan.num_envs} envs, T={plan.rollout_length}, {plan.updates_per_chunk} "
+          f"updates/chunk, {plan.num_chunks} chunks; compiled in {compile_seconds:.1f}s",
+          flush=True)
+    if start.resumed_from is not None:
+        session.print_resume(start.resumed_from,
+                             f"{start.chunks} of {plan.num_chunks} chunks done")
+
+
+def _finish_run(plan: RunPlan, session: RunSession, records: workdir_lib.Records,
+                state: RunnerState, outcome: _Outcome, start: _Start,
+                compile_seconds: float) -> TrainResult:
+    """The end-of-run summary (process 0) and the result."""
+    run_seconds = time.perf_counter() - outcome.run_start
+    checkpoint_seconds = outcome.checkpoint_seconds + session.checkpoint_close_seconds
+    histories = records.histories
+    history = ([_mean_record(list(rs)) for rs in zip(*histories)] if plan.sweep
+               else histories[0])
+    final = history[-1] if history else {}
+    if plan.is_main:
+        print_end_of_run(
+            final, interrupted=outcome.interrupted, signal_received=outcome.signal_received,
+            checkpoint_directory=session.checkpoint_dir,
+            saved_update=(None if outcome.saved_chunks is None
+                          else outcome.saved_chunks * plan.updates_per_chunk),
+            run_seconds=run_seconds, compile_seconds=compile_seconds,
+            checkpoint_seconds=checkpoint_seconds, eval_seconds=outcome.eval_seconds)
+    return TrainResult(state=state, final_metrics=final, history=history,
+                       compile_seconds=compile_seconds, run_seconds=run_seconds,
+                       run_histories=histories, interrupted=outcome.interrupted,
+                       resumed_from_updates=start.resumed_from,
+                       checkpoint_seconds=checkpoint_seconds, eval_seconds=outcome.eval_seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# THE HOST LOOP
 
 
 @dataclasses.dataclass
@@ -100,14 +259,176 @@ class _InFlight:
     snapshot: Snapshot | None  # a copy of the state after it, when a checkpoint was due
 
 
-# Fields that may change between an interrupted run and its resumption (shared with Sebulba).
-RESUMABLE_CHANGES = workdir_lib.RESUMABLE_CHANGES
-_EVAL_STREAM = 0x5EED  # folded into a run's seed for its evaluation keys, apart from training's
+class _HostLoop:
+    """The pipelined loop of the module docstring, from a start to the last chunk or SIGTERM."""
+
+    def __init__(self, plan: RunPlan, programs: _Programs, chunk_fn: Callable,
+                 session: RunSession, records: workdir_lib.Records,
+                 log_fn: Callable[[dict], None] | None, *, time_offset: float):
+        self.plan = plan
+        self.programs = programs
+        self.chunk_fn = chunk_fn
+        self.checkpointer = session.checkpointer
+        self.records = records
+        self.log_fn = log_fn
+        self.time_offset = time_offset  # compile time + the checkpoint's wall time
+        self.checkpoint_seconds = 0.0
+        self.eval_seconds = 0.0
+        self.run_start = self.last_fetch = 0.0
+
+    def run(self, state: RunnerState, start: _Start) -> tuple[RunnerState, _Outcome]:
+        plan = self.plan
+        progress = None
+        if plan.sweep and plan.is_main:
+            progress = metrics_lib.Progress(plan.total_env_steps,
+                                            start_env_steps=start.chunks * plan.steps_per_chunk)
+        saved = start.chunks if start.resumed_from is not None else None
+        interrupted = False
+        self.run_start = self.last_fetch = time.perf_counter()
+        try:
+            with Preemption() as preemption:
+                # PIPELINE: chunk i + 1 is dispatched before chunk i's metrics are fetched, so
+                # the devices never wait for the host's logging, evaluation fetch or checkpoint
+                # hand-off. A checkpoint is written only after its chunk's metrics proved finite.
+                pending = None
+                if start.chunks < plan.num_chunks:
+                    state, pending = self._dispatch(start.chunks, state)
+                while pending is not None:
+                    following = None
+                    if pending.chunk + 1 < plan.num_chunks:
+                        state, following = self._dispatch(pending.chunk + 1, state)
+                    saved = self._finish(pending, progress) or saved
+                    # Polled after the save: in a multi-process run the poll is a collective,
+                    # which waits for the chunk in flight; the save's hand-off overlaps it.
+                    if preemption.requested():
+                        saved = self._stop(following, state, progress) or saved
+                        interrupted = True
+                        break
+                    pending = following
+        finally:
+            if progress is not None:
+                progress.close()
+        return state, _Outcome(run_start=self.run_start, interrupted=interrupted,
+                               signal_received=preemption.received, saved_chunks=saved,
+                               checkpoint_seconds=self.checkpoint_seconds,
+                               eval_seconds=self.eval_seconds)
+
+    def _dispatch(self, i: int, state: RunnerState) -> tuple[RunnerState, _InFlight]:
+        """Dispatches chunk i, and what is due on its result before chunk i + 1 donates it:
+        the evaluation and a copy for the checkpoint (none of it waited for here)."""
+        plan = self.plan
+        state, metrics = self.chunk_fn(state)
+        updates = (i + 1) * plan.updates_per_chunk
+        eval_out = snap = None
+        if _crossed(updates, plan.updates_per_chunk, plan.eval_every):
+            eval_out = self._dispatch_eval(state, updates)
+        if self.checkpointer is not None and (
+                i + 1 == plan.num_chunks
+                or _crossed(updates, plan.updates_per_chunk, plan.checkpoint_every)):
+            snap = snapshot(state)
+        return state, _InFlight(chunk=i, metrics=metrics, eval_out=eval_out, snapshot=snap)
+
+    def _dispatch_eval(self, state: RunnerState, updates: int) -> Any:
+        """Dispatches the greedy evaluation of `state`'s parameters (fetched with its chunk).
+        Its inputs are computed on the devices, so nothing here waits for the chunk."""
+        plan = self.plan
+        keys = jnp.stack([eval_key(seed, updates) for seed in plan.seeds])
+        params = replication.unreplicate(self.programs.agent.actor_params(state.learner_state))
+        args = (params, keys if plan.sweep else keys[0])
+        return self.programs.evaluator(plan.eval_episodes, plan.eval_max_steps, *args)(*args)
+
+    def _finish(self, job: _InFlight, progress: metrics_lib.Progress | None) -> int | None:
+        """Logs chunk `job.chunk` (raising if it was not finite) and hands its checkpoint copy,
+        if any, to the checkpointer; returns the chunks saved, or None."""
+        wall_time = self._log(job, progress)
+        if job.snapshot is None:
+            return None
+        self._save(job.snapshot, job.chunk + 1, wall_time)
+        return job.chunk + 1
+
+    def _stop(self, following: _InFlight | None, state: RunnerState,
+              progress: metrics_lib.Progress | None) -> int | None:
+        """On SIGTERM: finishes, logs and saves the chunk in flight (the run stops one chunk
+        after the one during which the signal came), and waits until it is on disk."""
+        saved = None
+        if following is not None:
+            wall_time = self._log(following, progress)
+            if self.checkpointer is not None:
+                self._save(following.snapshot or snapshot(state), following.chunk + 1, wall_time)
+                saved = following.chunk + 1
+        if self.checkpointer is not None:
+            started = time.perf_counter()
+            self.checkpointer.wait()  # on disk before the process may exit
+            self.checkpoint_seconds += time.perf_counter() - started
+        return saved
+
+    def _log(self, job: _InFlight, progress: metrics_lib.Progress | None) -> float:
+        """Fetches chunk `job.chunk`'s metrics (waiting for it, not for the chunk after it),
+        logs them with its evaluation, and raises if it was not finite; returns the wall time
+        recorded."""
+        plan = self.plan
+        metrics = jax.tree.map(_first_slice_on_host, job.metrics)
+        first_bad = np.atleast_1d(metrics.pop(FIRST_NONFINITE))
+        now = time.perf_counter()
+        wall_time = now - self.run_start + self.time_offset
+        records_now = [
+            _record(jax.tree.map(lambda x, r=r: x[r] if plan.sweep else x, metrics),
+                    chunk=job.chunk, steps_per_chunk=plan.steps_per_chunk,
+                    updates_per_chunk=plan.updates_per_chunk,
+                    seconds=now - self.last_fetch, wall_time=wall_time)
+            for r in range(plan.num_runs)
+        ]
+        self.last_fetch = now
+        healthy = bool(np.all(first_bad >= plan.updates_per_chunk))
+        if healthy and job.eval_out is not None:
+            eval_start = time.perf_counter()
+            for record, result in zip(records_now, self._fetch_eval(job.eval_out)):
+                record.update(result)
+            self.eval_seconds += time.perf_counter() - eval_start
+        for r, record in enumerate(records_now):
+            record = self.records.write(r, record)
+            if self.log_fn is not None:
+                self.log_fn({**record, "run": r} if plan.sweep else record)
+        if progress is not None:
+            progress.update(_mean_record(records_now))
+        if not healthy:
+            bad_run = int(np.argmin(first_bad))
+            where = (f"run {bad_run} of the sweep" if plan.sweep
+                     else f"seed {plan.runs[0].seed}")
+            raise faults.NonFiniteError(faults.nonfinite_message(
+                job.chunk * plan.updates_per_chunk + int(first_bad[bad_run]) + 1, where,
+                None if self.checkpointer is None else self.checkpointer.directory))
+        return wall_time
+
+    def _fetch_eval(self, out: Any) -> list[dict[str, float]]:
+        out = jax.device_get(out)
+        return [{k: float(np.asarray(v)[i] if self.plan.sweep else v) for k, v in out.items()}
+                for i in range(self.plan.num_runs)]
+
+    def _save(self, taken: Snapshot, chunks: int, wall_time: float) -> None:
+        plan = self.plan
+        started = time.perf_counter()
+        self.checkpointer.save(chunks * plan.updates_per_chunk, taken, {
+            "chunks": chunks,
+            "updates": chunks * plan.updates_per_chunk,
+            "env_steps": chunks * plan.steps_per_chunk,
+            "wall_time": wall_time,
+            "num_devices": plan.num_devices,
+            "num_processes": jax.process_count(),
+            "num_runs": plan.num_runs,
+            "seeds": plan.seeds,
+            "config": plan.config,
+        })
+        self.checkpoint_seconds += time.perf_counter() - started
 
 
-def _run_config(config: ml_collections.ConfigDict, run: Run) -> dict[str, Any]:
+# ---------------------------------------------------------------------------------------------
+# RECORDS
+
+
+def _run_config(config: dict[str, Any], run: Run) -> dict[str, Any]:
     """One sweep run's resolved config: its seed and hyperparameters, no sweep."""
-    plain = metrics_lib.config_to_dict(config)
+    plain = copy.deepcopy(config)
     plain["seed"] = run.seed
     plain["agent"].update(run.hparams)
     plain["sweep"] = {"seeds": [], "agent": {}}
@@ -163,15 +484,13 @@ def _mean_record(records: list[dict[str, Any]]) -> dict[str, Any]:
     return mean
 
 
-def _changes_hparams(changes: dict[str, Any], names: tuple[str, ...]) -> bool:
-    """Whether opted-in config changes touch hyperparameters the learner state holds."""
-    held = {f"agent.{n}" for n in names} | {f"sweep.agent.{n}" for n in names}
-    return bool(held & set(changes))
-
-
 def _crossed(updates: int, step: int, every: int) -> bool:
     """Whether the updates `(updates - step, updates]` include a multiple of `every`."""
     return every > 0 and updates // every > (updates - step) // every
+
+
+# ---------------------------------------------------------------------------------------------
+# THE COMPILED PROGRAMS, CACHED
 
 
 @dataclasses.dataclass
@@ -226,8 +545,7 @@ def _run_by_run(fn: Callable) -> Callable:
     return by_run
 
 
-def _programs(config: ml_collections.ConfigDict, num_devices: int, num_runs: int,
-              sweep: bool) -> _Programs:
+def _programs(config: ml_collections.ConfigDict, plan: RunPlan) -> _Programs:
     """The programs for `config`: from the cache when an earlier call built the same ones
     (other seeds, or other values of the agent's `sweepable` hyperparameters, recompile
     nothing: they are inputs), else built now."""
@@ -236,24 +554,24 @@ def _programs(config: ml_collections.ConfigDict, num_devices: int, num_runs: int
     agent = agents.make(config.agent, env.spec())
     hparam_names = agent.sweepable if agent.set_hparams is not None else ()
 
-    plain = metrics_lib.config_to_dict(config)
+    plain = copy.deepcopy(plan.config)
     for field in _NOT_COMPILED:
         plain.pop(field, None)
     for field in hparam_names:
         plain["agent"].pop(field, None)
     plain.pop("sweep", None)
-    devices = [d.id for d in jax.devices()[:num_devices]]
-    key = json.dumps([plain, devices, num_runs, sweep], sort_keys=True)
+    devices = [d.id for d in jax.devices()[:plan.num_devices]]
+    key = json.dumps([plain, devices, plan.num_runs, plan.sweep], sort_keys=True)
     if key in _PROGRAMS:
         _PROGRAMS[key] = _PROGRAMS.pop(key)  # most recently used last
         return _PROGRAMS[key]
 
-    mesh = replication.make_mesh(jax.devices()[:num_devices])
+    mesh = replication.make_mesh(jax.devices()[:plan.num_devices])
     one_init, chunk = make_programs(
         agent, env,
-        envs_per_device=config.num_envs // num_devices,
-        rollout_length=config.rollout_length,
-        updates_per_chunk=config.updates_per_chunk,
+        envs_per_device=plan.num_envs // plan.num_devices,
+        rollout_length=plan.rollout_length,
+        updates_per_chunk=plan.updates_per_chunk,
     )
 
     def init(env_key, params_key, hparams):
@@ -269,294 +587,17 @@ def _programs(config: ml_collections.ConfigDict, num_devices: int, num_runs: int
         # restored state holds the checkpoint's.
         return state.replace(learner_state=agent.set_hparams(state.learner_state, hparams))
 
-    if sweep:
+    if plan.sweep:
         init, chunk, set_hparams = _run_by_run(init), jax.vmap(chunk), jax.vmap(set_hparams)
     programs = _Programs(
         agent=agent, env=env, mesh=mesh,
         init_fn=replication.replicate(init, mesh),
         set_hparams_fn=replication.replicate(set_hparams, mesh),
         chunk=replication.replicate(chunk, mesh, donate_argnums=0),
-        sweep=sweep,
+        sweep=plan.sweep,
         hparam_names=hparam_names,
     )
     _PROGRAMS[key] = programs
     while len(_PROGRAMS) > _PROGRAMS_KEPT:
         _PROGRAMS.pop(next(iter(_PROGRAMS)))
     return programs
-
-
-def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
-          log_fn: Callable[[dict], None] | None = None) -> TrainResult:
-    """Runs an Anakin experiment to `config.total_env_steps` and returns its final state.
-
-    Joins a `jax.distributed` run first if launched as one (see `podracer.distributed`): the
-    program is then replicated over the devices of every process, gradients are averaged
-    across all of them, and only process 0 writes records. Without a workdir it only prints
-    progress. With one: metrics.jsonl and TensorBoard event files (per run, in `run_<i>/`, for
-    a sweep), config.json/config.yaml, and checkpoints in `<workdir>/checkpoints`, from which
-    a later call with the same workdir resumes (see `podracer.workdir`: a workdir holding a
-    checkpoint of a different run is refused before anything compiles, and left untouched).
-    SIGTERM stops the run after the chunk in flight when it is seen (at most two chunks),
-    with a checkpoint saved, and returns a result with `interrupted=True`. A NaN or inf loss or parameter raises
-    `podracer.faults.NonFiniteError` naming the update, before it could be checkpointed.
-    `log_fn` gets every record (a sweep's carry their `run` index).
-    """
-    distributed.initialize_from_env()
-    num_devices = validate(config, jax.device_count())
-    if workdir is not None:
-        workdir = workdir_lib.check_writable(workdir)
-    runs = sweep_runs(config)
-    sweep = runs is not None
-    runs = runs or [Run(seed=config.seed, hparams={})]
-    num_runs = len(runs)
-    start = time.perf_counter()
-    programs = _programs(config, num_devices, num_runs, sweep)
-    agent, mesh = programs.agent, programs.mesh
-
-    # Every process derives the same global keys and places its own devices' slices.
-    env_keys, params_keys = _initial_keys([r.seed for r in runs], num_devices, sweep)
-    hparams = {}
-    for name in programs.hparam_names:
-        values = [r.hparams.get(name, config.agent[name]) for r in runs]
-        shape = (num_devices, num_runs) if sweep else (num_devices,)
-        hparams[name] = np.broadcast_to(np.asarray(values if sweep else values[0], np.float32),
-                                        shape)
-    init_args = [replication.from_global(env_keys, mesh),
-                 replication.from_global(params_keys, mesh),
-                 replication.from_global(hparams, mesh)]
-
-    # May this run resume the workdir's checkpoint? Decided from metadata alone, before
-    # compiling: a refused run fails here and changes nothing in the workdir.
-    config_dict = metrics_lib.config_to_dict(config)
-    run_shape = {"num_devices": num_devices, "num_runs": num_runs}
-    checkpoint_dir = None if workdir is None else os.path.join(workdir, "checkpoints")
-    layout = state_layout(jax.eval_shape(programs.init_fn, *init_args))
-    resume_args = {"config": config_dict, "layout": layout, "run_shape": run_shape,
-                   "resumable": RESUMABLE_CHANGES}
-    point = (None if checkpoint_dir is None
-             else workdir_lib.find_resume_point(checkpoint_dir, **resume_args))
-
-    state = programs.init_fn(*init_args)
-    if programs.chunk_fn is None:
-        programs.chunk_fn = programs.chunk.lower(state).compile()
-    chunk_fn = programs.chunk_fn
-    if checkpoint_dir is not None:
-        # The checkpoints' copy-and-fingerprint program, compiled here, not at the first save.
-        jax.block_until_ready(snapshot(state).digest)
-    if option(config, "eval_every_updates") > 0:
-        # And the evaluator, not at the first evaluation (arguments shaped as it will get).
-        params = replication.unreplicate(agent.actor_params(state.learner_state))
-        keys = np.zeros((num_runs, 2) if sweep else (2,), np.uint32)
-        programs.evaluator(option(config, "eval_episodes"), option(config, "eval_max_steps"),
-                           params, keys)
-    compile_seconds = time.perf_counter() - start
-
-    steps_per_chunk = config.updates_per_chunk * config.rollout_length * config.num_envs
-    num_chunks = -(-config.total_env_steps // steps_per_chunk)
-    is_main = jax.process_index() == 0
-    run_dirs: list[str | None] = [None] * num_runs
-    if workdir is not None:
-        run_dirs = ([os.path.join(workdir, f"run_{i}") for i in range(num_runs)] if sweep
-                    else [workdir])
-
-    # RESUME from the checkpoint found above (or, if it proves damaged, an older one).
-    checkpointer = None
-    done_chunks, wall_offset, resumed_from = 0, 0.0, None
-    if checkpoint_dir is not None:
-        # Asynchronous: the files are written while the next chunks run.
-        checkpointer = Checkpointer(checkpoint_dir, max_to_keep=option(config, "checkpoint_keep"),
-                                    asynchronous=True)
-        restored, point = workdir_lib.restore(checkpointer, point, state, **resume_args)
-        if restored is not None:
-            state = restored.state
-            if hparams and _changes_hparams(point.changes, programs.hparam_names):
-                state = programs.set_hparams_fn(state, init_args[2])
-            done_chunks = int(restored.metadata["chunks"])
-            wall_offset = float(restored.metadata["wall_time"])
-            resumed_from = done_chunks * config.updates_per_chunk
-
-    total_steps = num_chunks * steps_per_chunk
-    resume_steps = done_chunks * steps_per_chunk if resumed_from is not None else None
-    records = workdir_lib.Records.open(
-        workdir, run_dirs, config=config_dict,
-        run_configs=[_run_config(config, r) for r in runs] if sweep else None,
-        enabled=is_main, resumed_from=resumed_from, total_env_steps=total_steps,
-        resume_env_steps=resume_steps, changes=None if point is None else point.changes,
-        progress=not sweep)
-    histories = records.histories
-    progress = None
-    if sweep and is_main:
-        progress = metrics_lib.Progress(total_steps, start_env_steps=resume_steps or 0)
-    if is_main:
-        what = f"a sweep of {num_runs} runs" if sweep else f"seed {config.seed}"
-        processes = (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
-        print(f"Anakin: {config.agent.name} on {config.env.name}, {what}, {num_devices} "
-              f"device(s){processes} ({jax.devices()[0].platform}), {config.num_envs} envs, "
-              f"T={config.rollout_length}, {config.updates_per_chunk} updates/chunk, "
-              f"{num_chunks} chunks; compiled in {compile_seconds:.1f}s", flush=True)
-        if resumed_from is not None:
-            print(f"Resuming from the checkpoint at update {resumed_from:,} "
-                  f"({done_chunks} of {num_chunks} chunks done) in {checkpointer.directory}",
-                  flush=True)
-            if point.changes:
-                changed = ", ".join(f"{f}: {a!r} -> {b!r}" for f, (a, b) in point.changes.items())
-                print(f"Continuing with changed config values (resume_allow_changes): {changed}",
-                      flush=True)
-
-    eval_every = option(config, "eval_every_updates")
-    checkpoint_every = option(config, "checkpoint_every_updates")
-
-    def eval_args(state: RunnerState, updates: int) -> tuple[Any, Any]:
-        # Computed on the devices, so that nothing here waits for the chunk whose parameters
-        # are evaluated.
-        keys = jnp.stack([
-            jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(r.seed), _EVAL_STREAM),
-                               updates)
-            for r in runs])
-        params = replication.unreplicate(agent.actor_params(state.learner_state))
-        return params, keys if sweep else keys[0]
-
-    def dispatch_eval(state: RunnerState, updates: int) -> Any:
-        """Dispatches the evaluation of `state`'s parameters; fetched later (`fetch_eval`)."""
-        args = eval_args(state, updates)
-        evaluator = programs.evaluator(option(config, "eval_episodes"),
-                                       option(config, "eval_max_steps"), *args)
-        return evaluator(*args)
-
-    def fetch_eval(out: Any) -> list[dict[str, float]]:
-        out = jax.device_get(out)
-        return [{k: float(np.asarray(v)[i] if sweep else v) for k, v in out.items()}
-                for i in range(num_runs)]
-
-    def save(taken: Snapshot, chunks: int, wall_time: float) -> float:
-        started = time.perf_counter()
-        checkpointer.save(chunks * config.updates_per_chunk, taken, {
-            "chunks": chunks,
-            "updates": chunks * config.updates_per_chunk,
-            "env_steps": chunks * steps_per_chunk,
-            "wall_time": wall_time,
-            "num_devices": num_devices,
-            "num_processes": jax.process_count(),
-            "num_runs": num_runs,
-            "seeds": [r.seed for r in runs],
-            "config": config_dict,
-        })
-        return time.perf_counter() - started
-
-    def dispatch(i: int, state: RunnerState) -> tuple[RunnerState, _InFlight]:
-        """Dispatches chunk i, and what is due on its result before chunk i + 1 donates it:
-        the evaluation and a copy for the checkpoint (none of it waited for here)."""
-        state, metrics = chunk_fn(state)
-        updates = (i + 1) * config.updates_per_chunk
-        eval_out = snap = None
-        if _crossed(updates, config.updates_per_chunk, eval_every):
-            eval_out = dispatch_eval(state, updates)
-        if checkpointer is not None and (
-                i + 1 == num_chunks or _crossed(updates, config.updates_per_chunk,
-                                                checkpoint_every)):
-            snap = snapshot(state)
-        return state, _InFlight(chunk=i, metrics=metrics, eval_out=eval_out, snapshot=snap)
-
-    interrupted = False
-    checkpoint_seconds = eval_seconds = 0.0
-    saved_chunks = done_chunks if resumed_from is not None else None
-    run_start = time.perf_counter()
-    last_fetch = run_start
-
-    def finish(job: _InFlight) -> float:
-        """Fetches chunk `job.chunk`'s metrics (waiting for it, not for the chunk after it),
-        logs them with its evaluation, and raises if it was not finite; returns the wall time
-        to record."""
-        nonlocal last_fetch, eval_seconds
-        i = job.chunk
-        metrics = jax.tree.map(_first_slice_on_host, job.metrics)
-        first_bad = np.atleast_1d(metrics.pop(FIRST_NONFINITE))
-        now = time.perf_counter()
-        wall_time = now - run_start + compile_seconds + wall_offset
-        records_now = [
-            _record(jax.tree.map(lambda x, r=r: x[r] if sweep else x, metrics),
-                    chunk=i, steps_per_chunk=steps_per_chunk,
-                    updates_per_chunk=config.updates_per_chunk,
-                    seconds=now - last_fetch, wall_time=wall_time)
-            for r in range(num_runs)
-        ]
-        last_fetch = now
-        healthy = bool(np.all(first_bad >= config.updates_per_chunk))
-        if healthy and job.eval_out is not None:
-            eval_start = time.perf_counter()
-            for record, result in zip(records_now, fetch_eval(job.eval_out)):
-                record.update(result)
-            eval_seconds += time.perf_counter() - eval_start
-        for r, record in enumerate(records_now):
-            record = records.write(r, record)
-            if log_fn is not None:
-                log_fn({**record, "run": r} if sweep else record)
-        if progress is not None:
-            progress.update(_mean_record(records_now))
-        if not healthy:
-            bad_run = int(np.argmin(first_bad))
-            where = f"run {bad_run} of the sweep" if sweep else f"seed {config.seed}"
-            raise faults.NonFiniteError(faults.nonfinite_message(
-                i * config.updates_per_chunk + int(first_bad[bad_run]) + 1, where,
-                None if checkpointer is None else checkpointer.directory))
-        return wall_time
-
-    try:
-        with Preemption() as preemption:
-            # PIPELINE: chunk i + 1 is dispatched before chunk i's metrics are fetched, so the
-            # devices never wait for the host's logging, evaluation fetch or checkpoint
-            # hand-off. A checkpoint is written only after its chunk's metrics proved finite.
-            pending = None
-            if done_chunks < num_chunks:
-                state, pending = dispatch(done_chunks, state)
-            while pending is not None:
-                following = None
-                if pending.chunk + 1 < num_chunks:
-                    state, following = dispatch(pending.chunk + 1, state)
-                wall_time = finish(pending)
-                if pending.snapshot is not None:
-                    checkpoint_seconds += save(pending.snapshot, pending.chunk + 1, wall_time)
-                    saved_chunks = pending.chunk + 1
-                # Polled after the save: in a multi-process run the poll is a collective, which
-                # waits for the chunk in flight; the save's hand-off overlaps that chunk.
-                if preemption.requested():
-                    if following is not None:
-                        # The chunk in flight is finished, logged and saved: the run stops
-                        # one chunk after the one during which the signal came.
-                        wall_time = finish(following)
-                        if checkpointer is not None:
-                            taken = following.snapshot or snapshot(state)
-                            checkpoint_seconds += save(taken, following.chunk + 1, wall_time)
-                            saved_chunks = following.chunk + 1
-                    if checkpointer is not None:
-                        started = time.perf_counter()
-                        checkpointer.wait()  # on disk before the process may exit
-                        checkpoint_seconds += time.perf_counter() - started
-                    interrupted = True
-                    break
-                pending = following
-    finally:
-        records.close()
-        if progress is not None:
-            progress.close()
-        if checkpointer is not None:
-            started = time.perf_counter()
-            checkpointer.close()  # waits for the last save
-            checkpoint_seconds += time.perf_counter() - started
-    run_seconds = time.perf_counter() - run_start
-    history = ([_mean_record(list(rs)) for rs in zip(*histories)] if sweep
-               else histories[0])
-    final = history[-1] if history else {}
-    if is_main:
-        metrics_lib.print_end_of_run(
-            final, interrupted=interrupted, signal_received=preemption.received,
-            checkpoint_directory=None if checkpointer is None else checkpointer.directory,
-            saved_update=(None if saved_chunks is None
-                          else saved_chunks * config.updates_per_chunk), run_seconds=run_seconds,
-            compile_seconds=compile_seconds, checkpoint_seconds=checkpoint_seconds,
-            eval_seconds=eval_seconds)
-    return TrainResult(state=state, final_metrics=final, history=history,
-                       compile_seconds=compile_seconds, run_seconds=run_seconds,
-                       run_histories=histories, interrupted=interrupted,
-                       resumed_from_updates=resumed_from, checkpoint_seconds=checkpoint_seconds,
-                       eval_seconds=eval_seconds)

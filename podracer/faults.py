@@ -14,6 +14,10 @@ class NonFiniteError(FloatingPointError):
     """A learner update produced a NaN or inf loss, metric or parameter."""
 
 
+# The metric an update reports (both runners): its loss, metrics and parameters are all finite.
+FINITE = "_finite"
+
+
 def all_finite(*trees: Any) -> jax.Array:
     """Whether every floating-point element of `trees` is finite (a scalar bool, jittable)."""
     flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(trees)

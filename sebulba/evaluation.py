@@ -2,7 +2,8 @@
 
 Every `eval_every_updates`, process 0's learner, right after publishing, plays the greedy
 policy (`actor_step(..., evaluation=True)`) on actor device 0 in its own envpool batch of
-`eval_episodes` environments (created once, seeded apart from training's with `EVAL_STREAM`),
+`eval_episodes` environments (created once, seeded apart from training's with
+`podracer.session.EVAL_STREAM`),
 one game each of at most `eval_max_steps` steps; the learner waits meanwhile, and the actors
 fill their queues.
 """
@@ -18,13 +19,6 @@ import numpy as np
 from podracer.agent import Agent
 from sebulba import envpool_env
 from sebulba.actor import acting_view, make_act
-
-EVAL_STREAM = 0x5EED  # mixed into the evaluation's seeds, apart from training's
-
-
-def eval_key(seed: int, update: int) -> jax.Array:
-    """The key of the evaluation after `update`."""
-    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), EVAL_STREAM), update)
 
 
 def make_evaluator(agent: Agent, env: envpool_env.EnvpoolEnv, device: jax.Device, *,

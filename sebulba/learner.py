@@ -45,8 +45,8 @@ import numpy as np
 
 from podracer import faults, replication
 from podracer.agent import Agent
+from podracer.session import eval_key
 from podracer.types import DEVICE_AXIS, TimeStep, Trajectory
-from sebulba.evaluation import eval_key
 from sebulba.params import ParamsStore
 from sebulba.threads import ProgressClock, get
 
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
     from podracer.checkpoint import Checkpointer
     from sebulba.actor import ActorCounters
 
-FINITE = "_finite"  # an update's metric: its loss, metrics and parameters are all finite
 # Updates between pre-emption checks in a run of several processes, where each check gathers a
 # flag from every process: it stops the update stream while it waits for the slowest.
 PREEMPTION_CHECK_EVERY = 10
@@ -108,7 +107,8 @@ def make_update(agent: Agent) -> Callable:
         trajectory = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *trajectories)
         key, step_key = jax.random.split(key)
         state, metrics = agent.learner_step(state, trajectory, step_key, axis_name=DEVICE_AXIS)
-        metrics = {**metrics, FINITE: faults.all_finite(metrics, agent.actor_params(state))}
+        finite = faults.all_finite(metrics, agent.actor_params(state))
+        metrics = {**metrics, faults.FINITE: finite}
         return state, key, metrics
 
     return update
@@ -291,7 +291,7 @@ class Learner:
             wall_time = time.perf_counter() - run_start + self.wall_offset
             if u % self.log_every == 0 or last or stop_now or checkpoint_now or eval_now:
                 learner_metrics = jax.device_get(pending_metrics)
-                finite = [bool(m.pop(FINITE)) for m in learner_metrics]
+                finite = [bool(m.pop(faults.FINITE)) for m in learner_metrics]
                 if not all(finite):
                     # Raised before this update's state can reach a checkpoint.
                     raise faults.NonFiniteError(faults.nonfinite_message(

@@ -84,11 +84,12 @@ from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
 from podracer.checkpoint import Checkpointer, Preemption, state_layout
 from podracer.config import run_option
+from podracer.session import EVAL_STREAM
 from podracer.types import Trajectory
 from sebulba import envpool_env
 from sebulba.actor import Actor, ActorCounters, make_actor_functions
 from sebulba.config import validate
-from sebulba.evaluation import EVAL_STREAM, make_evaluator
+from sebulba.evaluation import make_evaluator
 from sebulba.learner import (
     PREEMPTION_CHECK_EVERY,
     Learner,

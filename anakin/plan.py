@@ -1,0 +1,84 @@
+"""What an Anakin run will do, worked out once from its config: `make_plan` validates the config
+(`anakin.config.validate`) and returns a frozen `RunPlan` that the host loop reads instead of
+the config."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import ml_collections
+
+from anakin.config import Run, option, sweep_runs, validate
+from podracer import metrics as metrics_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """Devices, sizes and intervals of one Anakin call (a sweep's runs included)."""
+
+    config: dict[str, Any]  # the resolved config, as plain data (recorded, checked on resume)
+    agent_name: str
+    env_name: str
+    num_devices: int
+    num_envs: int
+    rollout_length: int
+    updates_per_chunk: int
+    num_chunks: int
+    runs: tuple[Run, ...]  # one per run: a single run is a sweep of one, `sweep=False`
+    sweep: bool  # the programs are vmapped over `runs`
+    eval_every: int  # updates; 0: no evaluation
+    eval_episodes: int
+    eval_max_steps: int
+    checkpoint_every: int  # updates; 0: only at the end and on SIGTERM
+    checkpoint_keep: int
+    is_main: bool  # process 0 of the run: the one that writes records and prints
+
+    @property
+    def num_runs(self) -> int:
+        return len(self.runs)
+
+    @property
+    def steps_per_chunk(self) -> int:
+        """Environment steps in one compiled chunk, over every device."""
+        return self.updates_per_chunk * self.rollout_length * self.num_envs
+
+    @property
+    def total_env_steps(self) -> int:
+        """The steps of whole chunks: `config.total_env_steps` rounded up."""
+        return self.num_chunks * self.steps_per_chunk
+
+    @property
+    def seeds(self) -> list[int]:
+        return [run.seed for run in self.runs]
+
+    def describe(self) -> str:
+        """'seed 3' or 'a sweep of 4 runs'."""
+        return f"a sweep of {self.num_runs} runs" if self.sweep else f"seed {self.runs[0].seed}"
+
+
+def make_plan(config: ml_collections.ConfigDict, num_available_devices: int) -> RunPlan:
+    """Validates `config` (a bad field raises `ConfigError`, naming it and the fix) and plans the
+    run on `num_available_devices` devices."""
+    num_devices = validate(config, num_available_devices)
+    runs = sweep_runs(config)
+    steps_per_chunk = config.updates_per_chunk * config.rollout_length * config.num_envs
+    return RunPlan(
+        config=metrics_lib.config_to_dict(config),
+        agent_name=config.agent.name,
+        env_name=config.env.name,
+        num_devices=num_devices,
+        num_envs=config.num_envs,
+        rollout_length=config.rollout_length,
+        updates_per_chunk=config.updates_per_chunk,
+        num_chunks=-(-config.total_env_steps // steps_per_chunk),
+        runs=tuple(runs or [Run(seed=config.seed, hparams={})]),
+        sweep=runs is not None,
+        eval_every=option(config, "eval_every_updates"),
+        eval_episodes=option(config, "eval_episodes"),
+        eval_max_steps=option(config, "eval_max_steps"),
+        checkpoint_every=option(config, "checkpoint_every_updates"),
+        checkpoint_keep=option(config, "checkpoint_keep"),
+        is_main=jax.process_index() == 0,
+    )
