@@ -367,11 +367,11 @@ class Checkpointer:
 
     def quarantine(self, step: int) -> None:
         """Moves `step` to `<directory>.corrupt/` (process 0; every process calls this)."""
-        if jax.process_index() == 0:
+        source = os.path.join(self.directory, str(step))
+        if jax.process_index() == 0 and os.path.exists(source):  # gone: nothing to set aside
             aside = self.directory + ".corrupt"
             os.makedirs(aside, exist_ok=True)
-            destination = os.path.join(aside, f"{step}-{int(time.time() * 1000)}")
-            shutil.move(os.path.join(self.directory, str(step)), destination)
+            shutil.move(source, os.path.join(aside, f"{step}-{int(time.time() * 1000)}"))
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
