@@ -8,12 +8,12 @@ convolution transpose. On CPU, XLA lowers the kernel gradient of an NHWC convolu
 convolution whose contracting dimension is batch x height x width; it runs it on about one
 core at a small fraction of the forward pass's FLOP rate: for the IMPALA ResNet on Pong
 (640 frames of 84 x 84) the kernel gradients were ≈75% of the forward and backward pass
-(docs/benchmarks.md, Sebulba). Here the batch is cut into chunks of at most `CHUNK_BYTES` of
-im2col patches, and each chunk's patches [n, H', W', kh*kw*C_in] are contracted with the
-output gradient [n, H', W', C_out] by one matrix product, accumulated over the chunks in a
-`lax.scan`. Other backends (GPU, TPU) keep XLA's own transpose (the replacement was measured
-on CPU only), chosen at lowering time by `lax.platform_dependent`; both branches are tested
-on CPU.
+(docs/benchmarks.md, "Convolutions' kernel gradient"). Here the batch is cut into chunks of
+at most `CHUNK_BYTES` of im2col patches, and each chunk's patches [n, H', W', kh*kw*C_in]
+are contracted with the output gradient [n, H', W', C_out] by one matrix product,
+accumulated over the chunks in a `lax.scan`. Other backends (GPU, TPU) keep XLA's own
+transpose (the replacement was measured on CPU only), chosen at lowering time by
+`lax.platform_dependent`; both branches are tested on CPU.
 
 The input gradient is XLA's own in every case. Sums run in another order than XLA's, so the
 kernel gradient agrees with XLA's to float32 rounding (a relative 1e-5 on 10^6 summands),
@@ -186,11 +186,11 @@ def max_pool_3x3_stride_2(x: Array) -> Array:
 
     On CPU, XLA runs the select-and-scatter of max-pooling's gradient as a slow loop: for the
     IMPALA ResNet on 84 x 84 Atari frames, about a quarter of the learner's forward and backward
-    pass (docs/benchmarks.md, Sebulba). Here the gradient is elementwise work on the four
-    stride-2 phases of the padded input. Each window sends its gradient to its first maximal
-    element in row-major order (as select-and-scatter with `>=` does, so ties go where XLA
-    sends them), and an element in several windows sums their gradients in the windows'
-    row-major order.
+    pass (docs/benchmarks.md, "Convolutions' kernel gradient"). Here the gradient is
+    elementwise work on the four stride-2 phases of the padded input. Each window sends its
+    gradient to its first maximal element in row-major order (as select-and-scatter with `>=`
+    does, so ties go where XLA sends them), and an element in several windows sums their
+    gradients in the windows' row-major order.
     """
     return _reference_max_pool(x)
 

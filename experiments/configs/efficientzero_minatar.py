@@ -5,8 +5,9 @@ with the value prefix and the consistency loss.
     python -m experiments.anakin --config=experiments/configs/efficientzero_minatar.py --workdir=/tmp/ez
 
 Needs the gymnax extra (`pip install -e '.[gymnax]'`). The frames are read by the MLP, so
-they are not augmented (augmentation is for convolutional networks). Its 1M-step curve, next to
-MuZero's and V-trace's, is in docs/benchmarks.md.
+they are not augmented (augmentation is for convolutional networks). Its curve at 32 updates per
+step, next to MuZero's, is in docs/benchmarks.md ("Learning: EfficientZero"); its 1M-step one
+predates the consistency fix (History there).
 """
 
 import ml_collections

@@ -5,7 +5,7 @@
 4 environments, T = 128, 4 epochs x 4 minibatches, separate 64x64 tanh MLPs for policy and
 value, Adam at 2.5e-4 annealed linearly to 0 over the run, 976 updates (499,712 steps). The
 500-step time limit is a truncation (LAST with discount 1) that PPO bootstraps from. Measured
-runs: docs/benchmarks.md, "PPO".
+runs: docs/benchmarks.md, "PPO" (speed) and "Learning: PPO" (returns).
 """
 
 import ml_collections

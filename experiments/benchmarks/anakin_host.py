@@ -16,7 +16,7 @@ throughputs per run, both excluding compilation:
            checkpoint on disk: adds the first chunk and the wait for the final save
 The load average is printed with every round.
 
-    python -m experiments.benchmark_anakin_host [--config=...] [--chunks=12] [--rounds=3]
+    python -m experiments.benchmarks.anakin_host [--config=...] [--chunks=12] [--rounds=3]
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ from ml_collections import config_flags
 
 import anakin
 
+# experiments/configs/, next to this package.
+_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "configs", "vtrace_catch.py"),
+    "config", os.path.join(_CONFIGS, "vtrace_catch.py"),
     "Experiment config.")
 _CHUNKS = flags.DEFINE_integer("chunks", 12, "Chunks per timed run (at least 2: the chunk "
                                "throughput is measured between the first and the last).",

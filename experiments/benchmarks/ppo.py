@@ -9,7 +9,7 @@ stepped with uniformly random actions in the same scan structure, no agent (best
 `--repeats` chunks after compilation). docs/benchmarks.md ("PPO") compares these figures with
 PureJaxRL's measured side by side.
 
-    python -m experiments.benchmark_ppo [--config.num_envs=2048 --config.total_env_steps=...]
+    python -m experiments.benchmarks.ppo [--config.num_envs=2048 --config.total_env_steps=...]
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from ml_collections import config_flags
 
 import anakin
 import envs_jax
-from experiments._ceiling import env_ceiling_seconds
+from experiments.benchmarks._ceiling import env_ceiling_seconds
 from podracer import replication
 
+# experiments/configs/, next to this package.
+_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "configs", "ppo_cartpole.py"),
+    "config", os.path.join(_CONFIGS, "ppo_cartpole.py"),
     "Anakin PPO experiment config.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed chunks for the ceiling (best is kept).")
 _CEILING = flags.DEFINE_bool("ceiling", True, "Also measure the environment-only ceiling.")

@@ -16,7 +16,7 @@ Then,
 as Figure 4b, end-to-end frames/s for several actor batch sizes (environments per actor
 thread). Frames are environment frames: agent steps x frame skip (4).
 
-    python -m experiments.benchmark_sebulba [--config.agent.torso=conv] [--batch_sizes=8,16,32]
+    python -m experiments.benchmarks.sebulba [--config.agent.torso=conv] [--batch_sizes=8,16,32]
 
 On CPU, `--cpu_devices` simulated devices are made (default 2: actor cpu:0, learner cpu:1);
 they share the host's cores, so every part competes with the others for them.
@@ -30,8 +30,10 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+# experiments/configs/, next to this package.
+_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "configs", "sebulba_vtrace_atari.py"),
+    "config", os.path.join(_CONFIGS, "sebulba_vtrace_atari.py"),
     "Experiment config (Pong, IMPALA protocol, deep ResNet by default).")
 _SECONDS = flags.DEFINE_float("seconds", 20.0, "Length of each envpool / actor measurement.")
 _LEARNER_UPDATES = flags.DEFINE_integer("learner_updates", 3, "Timed updates, learner alone.")

@@ -3,7 +3,7 @@ throughput against the actor batch size (the Podracer paper's Figure 4b), as tab
 
 Every point is a fresh subprocess running an existing command, so that each gets its own
 device count:
-  Anakin, devices    `experiments.benchmark_anakin` with N simulated CPU devices (256 envs
+  Anakin, devices    `experiments.benchmarks.anakin` with N simulated CPU devices (256 envs
                      each); it also times the chunk without its cross-device means
   Anakin, processes  the same under `experiments.launch`, P processes of 1 device each
   Sebulba, devices   `experiments.sebulba` (V-trace on envpool CartPole-v1) with N simulated
@@ -11,13 +11,13 @@ device count:
                      learner devices (N = 1: one device does both); steady-state env steps/s
                      from its metrics.jsonl (the first two records, compilation, excluded)
   Sebulba, processes the same, P processes of 1 device each under `experiments.launch`
-  Figure 4b          `experiments.benchmark_sebulba --batch_sizes=...` (its table, parsed)
+  Figure 4b          `experiments.benchmarks.sebulba --batch_sizes=...` (its table, parsed)
 
 Simulated CPU devices and local processes share this machine's cores: the curves show what
 the runners' own overheads (replication, collectives, threads) cost, not how they would scale
 on accelerators. Plots use matplotlib (a dependency); without it, tables only.
 
-    python -m experiments.benchmark_scaling --out=docs/scaling [--devices=1,2,4,8]
+    python -m experiments.benchmarks.scaling --out=docs/scaling [--devices=1,2,4,8]
         [--processes=1,2] [--batch_sizes=8,16,32] [--parts=anakin,sebulba,fig4b] [--merge]
 
 `--merge --parts=` measures nothing and redraws the tables and plots from results.json.
@@ -41,11 +41,11 @@ _PROCESSES = flags.DEFINE_list("processes", ["1", "2"], "Local process counts.")
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["8", "16", "32"],
                                  "Envs per actor thread for Figure 4b.")
 _PARTS = flags.DEFINE_list("parts", ["anakin", "sebulba", "fig4b"], "What to measure.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "benchmark_anakin's timed chunks per point.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "benchmarks.anakin's timed chunks per point.")
 _SEBULBA_UPDATES = flags.DEFINE_integer("sebulba_updates", 40, "Updates per Sebulba point.")
 _FIG4B_ARGS = flags.DEFINE_string(
     "fig4b_args", "--config.agent.torso=conv --sweep_torso=conv --seconds=6 "
-    "--learner_updates=2 --e2e_updates=5", "Extra arguments for benchmark_sebulba.")
+    "--learner_updates=2 --e2e_updates=5", "Extra arguments for experiments.benchmarks.sebulba.")
 _TIMEOUT_S = flags.DEFINE_float("timeout_s", 900.0, "Longest one point may take.")
 _MERGE = flags.DEFINE_bool("merge", False, "Keep the parts not measured now from an existing "
                            "results.json in --out (and plot them all).")
@@ -79,14 +79,14 @@ def _result_line(out: str) -> dict:
 
 
 def anakin_devices(n: int) -> dict:
-    out = _run(["experiments.benchmark_anakin", f"--config.num_devices={n}",
+    out = _run(["experiments.benchmarks.anakin", f"--config.num_devices={n}",
                 f"--repeats={_REPEATS.value}"], n)
     return _result_line(out)
 
 
 def anakin_processes(p: int) -> dict:
     args = ["experiments.launch", f"--num_processes={p}", "--cpu_devices_per_process=1",
-            "--module=experiments.benchmark_anakin", "--", f"--repeats={_REPEATS.value}"]
+            "--module=experiments.benchmarks.anakin", "--", f"--repeats={_REPEATS.value}"]
     return _result_line(_run(args, None))
 
 
@@ -129,7 +129,7 @@ def sebulba_processes(p: int) -> dict:
 
 
 def fig4b() -> list[dict]:
-    out = _run(["experiments.benchmark_sebulba",
+    out = _run(["experiments.benchmarks.sebulba",
                 f"--batch_sizes={','.join(_BATCH_SIZES.value)}", *_FIG4B_ARGS.value.split()],
                None)
     rows, in_sweep = [], False
@@ -141,7 +141,7 @@ def fig4b() -> list[dict]:
             rows.append({"envs_per_thread": int(cells[0]), "envpool": values[0],
                          "actor": values[1], "learner": values[2], "sebulba": values[3]})
     if not rows:
-        raise RuntimeError("no Figure 4b rows in benchmark_sebulba's output:\n" + out[-3000:])
+        raise RuntimeError("no Figure 4b rows in benchmarks.sebulba's output:\n" + out[-3000:])
     return rows
 
 

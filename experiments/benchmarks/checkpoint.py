@@ -14,7 +14,7 @@ Then the device fingerprint alone in its two schemes ("device:" one value per 32
 For a fair "blocked" figure the state is being computed when save is called: a jitted update
 of the whole buffer is dispatched just before, as a training step would be.
 
-    python -m experiments.benchmark_checkpoint [--mb=256] [--rounds=3]
+    python -m experiments.benchmarks.checkpoint [--mb=256] [--rounds=3]
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ vmapped, scanned, replicated program, with no agent. With more than one device t
 is also timed without its cross-device means (each device learns alone: `axis_name=None`),
 which prices the gradient and metric `pmean`s. All are measured in this run, after
 compilation, as the best of `--repeats` timed chunks; the last line is a JSON record of them
-(`experiments.benchmark_scaling` reads it).
+(`experiments.benchmarks.scaling` reads it).
 
-    python -m experiments.benchmark_anakin [--config.env.name=catch] [--repeats=5]
+    python -m experiments.benchmarks.anakin [--config.env.name=catch] [--repeats=5]
 
-Under `experiments.launch` (`--module=experiments.benchmark_anakin`) the processes join one
+Under `experiments.launch` (`--module=experiments.benchmarks.anakin`) the processes join one
 `jax.distributed` run and the program spans the devices of all of them; process 0 prints.
 """
 
@@ -27,12 +27,14 @@ from ml_collections import config_flags
 
 import anakin
 import envs_jax
-from experiments._ceiling import env_ceiling_seconds
+from experiments.benchmarks._ceiling import env_ceiling_seconds
 from podracer import distributed, replication
 from podracer.types import DEVICE_AXIS
 
+# experiments/configs/, next to this package.
+_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "configs", "vtrace_catch.py"),
+    "config", os.path.join(_CONFIGS, "vtrace_catch.py"),
     "Experiment config; num_envs is overridden to envs_per_device x devices.")
 _ENVS_PER_DEVICE = flags.DEFINE_integer("envs_per_device", 256, "Environments per device.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed chunks per measurement (best is kept).")

@@ -3,7 +3,7 @@ im2col matrix product, layer by layer for the IMPALA ResNet on Atari frames, nex
 layer's forward pass (the same multiply-adds in XLA's forward convolution: what a kernel
 gradient could cost) and the whole torso's forward and backward pass with each.
 
-    python -m experiments.benchmark_conv [--batch=640] [--repeats=3]
+    python -m experiments.benchmarks.conv [--batch=640] [--repeats=3]
 
 The batch is the V-trace learner's on Pong: 32 trajectories x T = 20 frames of 84 x 84 x 4.
 Each figure is the best of `--repeats` calls of a jitted function after one warm-up call, on
@@ -23,7 +23,7 @@ from absl import app, flags
 
 from agents import layers
 from agents.vtrace import networks
-from experiments._ceiling import best_call_time
+from experiments.benchmarks._ceiling import best_call_time
 
 _BATCH = flags.DEFINE_integer("batch", 640, "Frames per learner batch.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per figure (the best is kept).")

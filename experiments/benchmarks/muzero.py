@@ -12,7 +12,7 @@ network forward passes alone, measured in the same run.
   (`agent.target_positions="bootstrap"`) and on every position of each sampled window
   ("window", the width of computing targets for whole segments), same config, same run.
 
-    python -m experiments.benchmark_muzero [--roots=256] [--simulations=16]
+    python -m experiments.benchmarks.muzero [--roots=256] [--simulations=16]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import agents
 import anakin
 import envs_jax
 from agents import muzero
-from experiments._ceiling import best_call_time
+from experiments.benchmarks._ceiling import best_call_time
 from experiments.configs import muzero_catch
 
 _ROOTS = flags.DEFINE_integer("roots", 256, "Batch of search roots.")

@@ -5,7 +5,7 @@ replay contents, measured in the same run (programs timed in turn, best of `--re
 The replay is filled by the EfficientZero-Anakin Catch chunk (`efficientzero_catch.py`);
 every figure is for one device, batch and unroll of that config.
 
-    python -m experiments.benchmark_efficientzero [--learner_updates=20] [--refresh_interval=100]
+    python -m experiments.benchmarks.efficientzero [--learner_updates=20] [--refresh_interval=100]
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ The last two columns do not vary: XLA's cost analysis of one compiled vmapped st
 program (floating-point operations and bytes accessed), envs_jax against direct, telling a
 program that does more work from one that merely ran slower in these processes.
 
-    python -m experiments.benchmark_envs [--envs=catch,CartPole-v1] [--num_envs=1024]
+    python -m experiments.benchmarks.envs [--envs=catch,CartPole-v1] [--num_envs=1024]
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def _child_results(names: list[str]) -> list[dict[str, dict[str, float]]]:
     results = []
     for i in range(_PROCESSES.value):
         out = subprocess.run(
-            [sys.executable, "-m", "experiments.benchmark_envs", *args],
+            [sys.executable, "-m", "experiments.benchmarks.envs", *args],
             capture_output=True,
             text=True,
             check=True,
