@@ -17,9 +17,11 @@ devices go from one update to the next without a gap. Pre-emption (`should_stop`
 after every update in a single process (a local flag) and every `PREEMPTION_CHECK_EVERY`
 updates when several processes must agree (a gather across processes).
 
-`Learner` takes everything it uses as arguments (the compiled update, the queues, the
-parameter store, the clocks, and callbacks for logging and evaluation), so it can run alone on
-hand-made rollouts.
+`Learner` takes everything it uses when it is built (the compiled update, its schedule, the
+`Wiring` it shares with the actors: queues, parameter store, counters and clocks; callbacks for
+logging and evaluation; the checkpointer), so it can run alone on hand-made rollouts, and `run`
+returns what it produced (a `LearnerOutcome`: the state, the policy lags, the last batch, the
+newest checkpoint, the time spent).
 
 Checkpoints: after update u and its publication, the whole learner state stacked over the
 learner devices (parameters, optimiser state, target parameters, MuZero's replay buffer:

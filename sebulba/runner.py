@@ -29,11 +29,13 @@ the whole run):
     main thread: validates, compiles, starts the threads, then waits until the learner is done,
     a thread fails, or Ctrl-C; then stops every thread and closes every environment.
 
-Parts: `sebulba.actor` (an actor thread's loop), `sebulba.learner` (the learner state, the
-replicated update and the learner thread's loop), `sebulba.params` (the parameter store and the
-staleness protocol: which version rollout k acts with), `sebulba.evaluation` (greedy
-evaluation), `sebulba.threads` (the supervisor, the errors, the bounded waits). This module
-only wires them together.
+Parts: `sebulba.plan` (the run worked out once from the validated config: devices, sizes,
+intervals, the environment and the agent), `sebulba.actor` (an actor thread's loop),
+`sebulba.learner` (the learner state, the replicated update and the learner thread's loop),
+`sebulba.params` (the parameter store and the staleness protocol: which version rollout k acts
+with), `sebulba.evaluation` (greedy evaluation), `sebulba.threads` (the supervisor, the errors,
+the bounded waits), and `podracer.session` (the workdir's lock, resumption, checkpointer and
+records, as for Anakin). This module only wires them together.
 
 Replicas: under `jax.distributed` every process runs this same program on its own devices and
 environments; the learner mesh holds the learner devices of all processes, so the update's
@@ -164,8 +166,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     finally:
         stuck = threads.join()
         session.close(checkpoints=not stuck)
-    outcome = threads.outcome(watched, stuck)
-    return _finish_run(plan, session, records, outcome, run_info, start, compile_seconds)
+    outcome = threads.learner_outcome(watched, stuck)
+    return _finish_run(plan, session, records, watched, outcome, run_info, start,
+                       compile_seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,16 +220,6 @@ class _Watched:
     run_start: float  # perf_counter when the threads started
     signal_received: int | None  # SIGTERM, in this process
     actor_params: list[tuple[int, Any]]  # (version, params) newest on each actor device
-
-
-@dataclasses.dataclass(frozen=True)
-class _Outcome:
-    """What the threads produced."""
-
-    learner: LearnerOutcome
-    run_start: float
-    signal_received: int | None
-    actor_params: list[tuple[int, Any]]
 
 
 def _learner_mesh(plan: SebulbaPlan) -> jax.sharding.Mesh:
@@ -405,18 +398,17 @@ def _already_done(plan: SebulbaPlan, session: RunSession, run: LearnerRun, start
 
 
 def _finish_run(plan: SebulbaPlan, session: RunSession, records: workdir_lib.Records,
-                outcome: _Outcome, run_info: dict[str, Any], start: _Start,
-                compile_seconds: float) -> TrainResult:
+                watched: _Watched, learner: LearnerOutcome, run_info: dict[str, Any],
+                start: _Start, compile_seconds: float) -> TrainResult:
     """The end-of-run summary (process 0), the final parameters if asked for, and the
     result."""
-    learner = outcome.learner
-    run_seconds = time.perf_counter() - outcome.run_start
+    run_seconds = time.perf_counter() - watched.run_start
     checkpoint_seconds = learner.checkpoint_seconds + session.checkpoint_close_seconds
     history = records.histories[0]
     final = history[-1] if history else {}
     if plan.is_main:
         print_end_of_run(
-            final, interrupted=learner.interrupted, signal_received=outcome.signal_received,
+            final, interrupted=learner.interrupted, signal_received=watched.signal_received,
             checkpoint_directory=session.checkpoint_dir, saved_update=learner.saved_update,
             run_seconds=run_seconds, compile_seconds=compile_seconds,
             checkpoint_seconds=checkpoint_seconds, eval_seconds=learner.eval_seconds)
@@ -426,7 +418,7 @@ def _finish_run(plan: SebulbaPlan, session: RunSession, records: workdir_lib.Rec
         interrupted=learner.interrupted, resumed_from_updates=start.resumed_from,
         checkpoint_seconds=checkpoint_seconds, eval_seconds=learner.eval_seconds,
         policy_lags=learner.policy_lags,
-        actor_params=outcome.actor_params,
+        actor_params=watched.actor_params,
         last_batch=learner.last_batch, run_info=run_info)
     if session.workdir and plan.save_final_params and not learner.interrupted:
         save_params(result.params, os.path.join(
@@ -450,26 +442,25 @@ def save_params(params: Any, path: str) -> None:
 # THE THREADS
 
 
-
 class _Threads:
     """This process's threads (its actor threads and the learner's) under one supervisor, and
     the environments they own: started, watched from the main thread, and joined."""
 
     def __init__(self, plan: SebulbaPlan):
-        self.plan = plan
+        self._plan = plan
         self._supervisor = Supervisor()
         self._envs: list[envpool_env.EnvpoolEnv] = []  # closed by `join`
 
     def _env(self, num_envs: int, seed: int, options: dict[str, Any]) -> envpool_env.EnvpoolEnv:
-        env = envpool_env.EnvpoolEnv(self.plan.env.task, num_envs, seed=seed,
-                                     num_threads=self.plan.env_threads, options=options)
+        env = envpool_env.EnvpoolEnv(self._plan.env.task, num_envs, seed=seed,
+                                     num_threads=self._plan.env_threads, options=options)
         self._envs.append(env)
         return env
 
     def evaluator(self) -> Callable[[Any, jax.Array], dict] | None:
         """Process 0's greedy evaluation, on environments of its own, created once and seeded
         apart from the training ones; None when the run does not evaluate (or elsewhere)."""
-        plan = self.plan
+        plan = self._plan
         if plan.eval_every == 0 or not plan.is_main:
             return None
         env = self._env(plan.eval_episodes, _env_seed(plan.seed, EVAL_STREAM),
@@ -488,7 +479,7 @@ class _Threads:
         with preemption:
             self._start_actors(compiled, wiring, actor_key, start)
             self._supervisor.start(
-                f"learner-{self.plan.process_index}", lambda: outcome.set_result(
+                f"learner-{self._plan.process_index}", lambda: outcome.set_result(
                     learner.run(stop, run.learner_state, run.learner_keys, run_start)))
             while not outcome.done() and not stop.is_set():
                 stop.wait(0.1)
@@ -499,9 +490,9 @@ class _Threads:
 
     def _start_actors(self, compiled: _Compiled, wiring: Wiring, actor_key: jax.Array,
                       start: _Start) -> None:
-        """One actor thread per (actor device, thread), each on an envpool batch of its own;
-        a resumed run's start afresh, seeded by the resumed update."""
-        plan = self.plan
+        """One actor thread per (actor device, thread), each on an envpool batch of its own.
+        A resumed run's environments and actor keys start afresh, seeded by its update."""
+        plan = self._plan
         process, per_device = plan.process_index, plan.topology.actor_threads_per_device
         for device_index in range(len(plan.actor_devices)):
             for j in range(per_device):
@@ -534,13 +525,11 @@ class _Threads:
             self._envs.clear()
         return stuck
 
-    def outcome(self, watched: _Watched, stuck: list[str]) -> _Outcome:
-        """The learner's outcome; raises the first thread's failure, or `StallError` if the
-        learner did not finish and would not stop."""
+    def learner_outcome(self, watched: _Watched, stuck: list[str]) -> LearnerOutcome:
+        """What the learner returned, once the threads are joined; raises the first thread's
+        failure instead, or `StallError` if the learner did not finish and would not stop."""
         self._supervisor.raise_first_error()
         finished = watched.learner.done() and watched.learner.result().completed
         if stuck and not finished:
             raise StallError(f"threads did not stop within {JOIN_S:.0f}s: {stuck}")
-        return _Outcome(learner=watched.learner.result(timeout=0), run_start=watched.run_start,
-                        signal_received=watched.signal_received,
-                        actor_params=watched.actor_params)
+        return watched.learner.result(timeout=0)
