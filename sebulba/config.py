@@ -23,6 +23,7 @@ class Topology:
     learner_device_ids: tuple[int, ...]
     actor_threads_per_device: int
     num_processes: int
+    environment: Environment | None = None  # the envpool task as validated (see below)
 
     @property
     def num_actor_threads(self) -> int:
@@ -104,4 +105,18 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
                           "the number of learner devices")
     return Topology(actor_device_ids=actor_ids, learner_device_ids=learner_ids,
                     actor_threads_per_device=config.actor_threads_per_device,
-                    num_processes=num_processes)
+                    num_processes=num_processes,
+                    environment=Environment(task=task, protocol=protocol, options=options,
+                                            eval_options=eval_options, spec=spec))
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """The envpool task as `validate` checked it, built once: the training and evaluation
+    options (evaluation's are training's with `env.eval_kwargs` on top) and their spec."""
+
+    task: str
+    protocol: str
+    options: dict[str, object]
+    eval_options: dict[str, object]
+    spec: envpool_env.EnvSpec  # in agent layout; evaluation's is the same

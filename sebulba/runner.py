@@ -29,11 +29,13 @@ the whole run):
     main thread: validates, compiles, starts the threads, then waits until the learner is done,
     a thread fails, or Ctrl-C; then stops every thread and closes every environment.
 
-Parts: `sebulba.actor` (an actor thread's loop), `sebulba.learner` (the learner state, the
-replicated update and the learner thread's loop), `sebulba.params` (the parameter store and the
-staleness protocol: which version rollout k acts with), `sebulba.evaluation` (greedy
-evaluation), `sebulba.threads` (the supervisor, the errors, the bounded waits). This module
-only wires them together.
+Parts: `sebulba.plan` (the run worked out once from the validated config: devices, sizes,
+intervals, the environment and the agent), `sebulba.actor` (an actor thread's loop),
+`sebulba.learner` (the learner state, the replicated update and the learner thread's loop),
+`sebulba.params` (the parameter store and the staleness protocol: which version rollout k acts
+with), `sebulba.evaluation` (greedy evaluation), `sebulba.threads` (the supervisor, the errors,
+the bounded waits), and `podracer.session` (the workdir's lock, resumption, checkpointer and
+records, as for Anakin). This module only wires them together.
 
 Replicas: under `jax.distributed` every process runs this same program on its own devices and
 environments; the learner mesh holds the learner devices of all processes, so the update's
@@ -66,33 +68,34 @@ flag that every blocking wait polls, and `train` re-raises the original exceptio
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-import math
 import os
 import queue
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
-import agents
 from podracer import distributed, replication
 from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
-from podracer.checkpoint import Checkpointer, Preemption, state_layout
-from podracer.config import run_option
-from podracer.session import EVAL_STREAM
-from podracer.types import Trajectory
+from podracer.checkpoint import Preemption, state_layout
+from podracer.session import EVAL_STREAM, RunSession, TrainResult, print_end_of_run
 from sebulba import envpool_env
 from sebulba.actor import Actor, ActorCounters, make_actor_functions
-from sebulba.config import validate
 from sebulba.evaluation import make_evaluator
 from sebulba.learner import (
     PREEMPTION_CHECK_EVERY,
     Learner,
+    LearnerOutcome,
+    LearnerRun,
+    LearnerSchedule,
+    Wiring,
     abstract_batch,
     abstract_learner,
     init_learner,
@@ -101,6 +104,7 @@ from sebulba.learner import (
     set_learner_hparams,
 )
 from sebulba.params import ParamsStore, versions_to_keep
+from sebulba.plan import SebulbaPlan, make_plan
 from sebulba.threads import JOIN_S, ProgressClock, StallError, Supervisor, ThreadFailure
 
 __all__ = [  # the parts' names that code imported from here before the split, too
@@ -109,52 +113,14 @@ __all__ = [  # the parts' names that code imported from here before the split, t
     "make_evaluator", "make_update", "save_params", "set_learner_hparams", "train",
 ]
 
-
-# ---------------------------------------------------------------------------------------------
-# RESULTS
-
-
-@dataclasses.dataclass
-class TrainResult:
-    learner_state: Any  # stacked over every learner device of the run
-    learner_keys: jax.Array  # [learner devices, ...] each learner device's RNG key
-    final_metrics: dict[str, Any]  # the last log record
-    history: list[dict[str, Any]]  # every log record (a resumed run: earlier ones included)
-    policy_lags: list[int]  # one per update of this call: (u - 1) - oldest version in batch u
-    actor_params: list[tuple[int, Any]]  # (version, params) newest on each actor device
-    last_batch: tuple[Trajectory, ...]  # the last update's input, global arrays
-    run_info: dict[str, Any]  # what was run: envpool version and protocol, devices, config
-    compile_seconds: float
-    run_seconds: float
-    interrupted: bool = False  # stopped by SIGTERM (after saving a checkpoint, with a workdir)
-    resumed_from_updates: int | None = None  # the checkpoint this run started from
-    checkpoint_seconds: float = 0.0  # time the learner spent handing checkpoints to orbax
-    eval_seconds: float = 0.0  # time the learner spent evaluating (compilation included)
-
-    @property
-    def params(self) -> Any:
-        """The learner parameters of this process's first learner device."""
-        return replication.unreplicate(self.learner_state.params)
-
-
-# ---------------------------------------------------------------------------------------------
-# THE RUN
-
-
-def _devices_of_process(process_index: int) -> list[jax.Device]:
-    return sorted((d for d in jax.devices() if d.process_index == process_index),
-                  key=lambda d: d.id)
-
-
 # Fields that may change between an interrupted run and its resumption: those of
 # `podracer.workdir.RESUMABLE_CHANGES`, and how often and how patiently the run logs.
 RESUMABLE_CHANGES = workdir_lib.RESUMABLE_CHANGES + ("log_every_updates", "timeout_s",
                                                         "save_final_params")
 
 
-def _env_seed(*entropy: int) -> int:
-    """An envpool seed (a non-negative int32) from a tuple of integers."""
-    return int(np.random.SeedSequence(list(entropy)).generate_state(1)[0] % (2**31 - 1))
+# ---------------------------------------------------------------------------------------------
+# THE RUN
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
@@ -166,286 +132,303 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     config.json/config.yaml, metrics.jsonl and TensorBoard event files, and every process
     writes its shards of the checkpoints in `<workdir>/checkpoints`, from which a later call
     with the same workdir resumes (see the module docstring: a resumed run restarts its
-    environments, so it is not bit-identical to an uninterrupted one). SIGTERM stops the run
-    after the update in flight, with a checkpoint saved, and returns a result with
-    `interrupted=True`. `log_fn` gets every record.
+    environments, so it is not bit-identical to an uninterrupted one). The workdir is locked
+    while the run lives (`podracer.session`): a second run on it is refused before compiling,
+    naming this one. SIGTERM stops the run after the update in flight, with a checkpoint
+    saved, and returns a result with `interrupted=True`. `log_fn` gets every record.
+    `TrainResult.state` is a `sebulba.learner.LearnerRun`.
     """
     distributed.initialize_from_env()
-    topology = validate(config)
-    if workdir is not None:
-        workdir = workdir_lib.check_writable(workdir)
-    process = jax.process_index()
-    is_main = process == 0
-    local = jax.local_devices()
-    actor_devices = [local[i] for i in topology.actor_device_ids]
-    learner_devices_here = [local[i] for i in topology.learner_device_ids]
-    learner_mesh = replication.make_mesh([
-        _devices_of_process(p)[i]
-        for p in range(jax.process_count()) for i in topology.learner_device_ids
-    ])
-    assert replication.local_devices(learner_mesh) == learner_devices_here
+    plan = make_plan(config)
+    session = RunSession.open(workdir)
+    threads = _Threads(plan)
+    try:
+        mesh = _learner_mesh(plan)
+        keys = _Keys.from_seed(plan.seed)
+        session.find_resume_point(**_resume_args(plan, mesh, keys))
+        run, init_seconds = _init_learner(plan, mesh, keys)
+        run, start = _resume(session, plan, mesh, run)
+        run_info = _run_info(plan, mesh, start)
+        if start.updates >= plan.num_updates:
+            return _already_done(plan, session, run, start, run_info, init_seconds)
+        compiled = _compile(plan, mesh, run)
+        compile_seconds = init_seconds + compiled.seconds
+        records = _open_records(session, plan, start, run_info)
+        if plan.is_main:
+            _print_banner(plan, session, start, run_info, compile_seconds)
+        wiring = _wiring(plan, compiled, run, start)
+        preemption = Preemption()
+        learner = _make_learner(
+            plan, mesh, compiled, wiring, session, start, log=_log_to(records, log_fn),
+            evaluate=threads.evaluator(), should_stop=preemption.requested,
+            wall_offset=compile_seconds + start.wall_time)
+        watched = threads.run(learner, run, compiled, wiring, keys.actor, start, preemption)
+    finally:
+        stuck = threads.join()
+        session.close(checkpoints=not stuck)
+    outcome = threads.learner_outcome(watched, stuck)
+    return _finish_run(plan, session, records, watched, outcome, run_info, start,
+                       compile_seconds)
 
-    task, protocol = config.env.task, config.env.protocol
-    options = envpool_env.make_options(task, protocol, config.env.get("kwargs", {}))
-    # Evaluation may play under other options, e.g. whole games without episodic life.
-    eval_options = envpool_env.make_options(task, protocol, {
-        **config.env.get("kwargs", {}), **config.env.get("eval_kwargs", {})})
-    spec = envpool_env.env_spec(task, options)
-    agent = agents.make(config.agent, spec)
-    frame_skip = int(options.get("frame_skip", 1))
 
-    num_threads = topology.num_actor_threads
-    envs_per_thread = config.envs_per_actor_thread
-    rollout_length = config.rollout_length
-    steps_per_update = jax.process_count() * num_threads * envs_per_thread * rollout_length
-    num_updates = max(1, math.ceil(config.total_env_steps / steps_per_update))
-    fixed = config.staleness == "fixed"
-    checkpoint_every = run_option(config, "checkpoint_every_updates")
-    eval_every = run_option(config, "eval_every_updates")
-    config_dict = metrics_lib.config_to_dict(config)
+@dataclasses.dataclass(frozen=True)
+class _Keys:
+    """The run's root keys, split from its seed: the learner state's parameters, the learner
+    devices' keys, and the actors' (folded with the process and the thread)."""
 
-    run_info = {
+    params: jax.Array
+    learner: jax.Array
+    actor: jax.Array
+
+    @classmethod
+    def from_seed(cls, seed: int) -> _Keys:
+        params, learner, actor = jax.random.split(jax.random.PRNGKey(seed), 3)
+        return cls(params=params, learner=learner, actor=actor)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """Where the learner starts: from scratch, or from a checkpoint."""
+
+    updates: int = 0  # updates already done
+    wall_time: float = 0.0  # the wall time recorded with them
+    resumed_from: int | None = None  # the checkpoint's update, when resumed
+
+    @property
+    def entropy(self) -> tuple[int, ...]:
+        """What a resumed run folds into its environments' seeds and actors' keys, so that
+        they start afresh (nothing for a fresh run)."""
+        return (self.updates,) if self.resumed_from is not None else ()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compiled:
+    """The learner's compiled update and the actors' jitted functions."""
+
+    update_fn: Callable  # (state, keys, batch) -> (state, keys, metrics), on the learner mesh
+    local_actor_params: Callable  # `make_local_actor_params(agent)`
+    act: Callable
+    pack: Callable
+    seconds: float  # spent compiling
+
+
+@dataclasses.dataclass(frozen=True)
+class _Watched:
+    """What the main thread saw by the time it stopped watching the threads."""
+
+    learner: Future  # of the `LearnerOutcome`: set when the learner thread returns
+    run_start: float  # perf_counter when the threads started
+    signal_received: int | None  # SIGTERM, in this process
+    actor_params: list[tuple[int, Any]]  # (version, params) newest on each actor device
+
+
+def _learner_mesh(plan: SebulbaPlan) -> jax.sharding.Mesh:
+    """The mesh of the learner devices of every process (gradients are averaged over all)."""
+    mesh = replication.make_mesh(list(plan.learner_devices))
+    assert replication.local_devices(mesh) == list(plan.local_learner_devices)
+    return mesh
+
+
+def _resume_args(plan: SebulbaPlan, mesh: jax.sharding.Mesh, keys: _Keys) -> dict[str, Any]:
+    """What decides whether this run may resume a checkpoint, from metadata alone: a refused run
+    fails before anything compiles and changes nothing in the workdir."""
+    return {"config": plan.config, "resumable": RESUMABLE_CHANGES,
+            "layout": state_layout(abstract_learner(plan.agent, plan.env.spec, mesh,
+                                                    keys.params, keys.learner)),
+            "run_shape": {"num_processes": plan.num_processes,
+                          "num_learner_devices": int(mesh.devices.size)}}
+
+
+def _init_learner(plan: SebulbaPlan, mesh: jax.sharding.Mesh,
+                  keys: _Keys) -> tuple[LearnerRun, float]:
+    """The fresh learner state and keys, and the seconds they took (counted as compilation)."""
+    started = time.perf_counter()
+    state, learner_keys = init_learner(plan.agent, plan.env.spec, mesh, keys.params,
+                                       keys.learner)
+    return LearnerRun(state, learner_keys), time.perf_counter() - started
+
+
+def _resume(session: RunSession, plan: SebulbaPlan, mesh: jax.sharding.Mesh,
+            run: LearnerRun) -> tuple[LearnerRun, _Start]:
+    """Restores the checkpoint found before (or, if it proves damaged, an older one); `run` and
+    a fresh start when there is none."""
+    restored = session.restore({"learner_state": run.learner_state,
+                                "learner_keys": run.learner_keys},
+                               checkpoint_keep=plan.checkpoint_keep)
+    if restored is None:
+        return run, _Start()
+    state = restored.state["learner_state"]
+    if plan.agent.set_hparams is not None and session.changes_hparams(plan.agent.sweepable):
+        # Continuing with changed values (`resume_allow_changes`) that the restored state
+        # holds as the checkpoint's.
+        state = set_learner_hparams(plan.agent, mesh, state, plan.agent_hparams)
+    updates = int(restored.metadata["updates"])
+    return (LearnerRun(state, restored.state["learner_keys"]),
+            _Start(updates=updates, wall_time=float(restored.metadata["wall_time"]),
+                   resumed_from=updates))
+
+
+def _compile(plan: SebulbaPlan, mesh: jax.sharding.Mesh, run: LearnerRun) -> _Compiled:
+    """The learner's update, compiled before any thread starts, and the actors' functions."""
+    started = time.perf_counter()
+    num_shards = len(plan.local_learner_devices)
+    act, pack = make_actor_functions(plan.agent, num_shards)
+    example_batch = abstract_batch(plan.agent, plan.env.spec, mesh,
+                                   rollout_length=plan.rollout_length,
+                                   shard_batch=plan.envs_per_thread // num_shards,
+                                   num_rollouts=plan.num_actor_threads)
+    update_fn = replication.replicate(make_update(plan.agent), mesh, donate_argnums=(0, 1))
+    update_fn = update_fn.lower(run.learner_state, run.learner_keys, example_batch).compile()
+    local_actor_params = make_local_actor_params(plan.agent)
+    return _Compiled(update_fn=update_fn, local_actor_params=local_actor_params, act=act,
+                     pack=pack, seconds=time.perf_counter() - started)
+
+
+def _run_info(plan: SebulbaPlan, mesh: jax.sharding.Mesh, start: _Start) -> dict[str, Any]:
+    """What was run (run_info.json, `TrainResult.run_info`)."""
+    env = plan.env
+    return {
         "architecture": "sebulba",
-        "environment": envpool_env.run_description(task, protocol, options),
-        "evaluation_environment": envpool_env.run_description(task, protocol, eval_options),
-        "agent": config.agent.name,
-        "platform": local[0].platform,
-        "num_processes": jax.process_count(),
-        "actor_devices": [str(d) for d in actor_devices],
-        "learner_devices": [str(d) for d in learner_mesh.devices.flat],
-        "actor_threads": num_threads,
-        "learner_batch": [rollout_length, steps_per_update // rollout_length],
-        "num_updates": num_updates,
+        "environment": envpool_env.run_description(env.task, env.protocol, env.options),
+        "evaluation_environment": envpool_env.run_description(env.task, env.protocol,
+                                                              env.eval_options),
+        "agent": plan.agent_name,
+        "platform": jax.local_devices()[0].platform,
+        "num_processes": plan.num_processes,
+        "actor_devices": [str(d) for d in plan.actor_devices],
+        "learner_devices": [str(d) for d in mesh.devices.flat],
+        "actor_threads": plan.num_actor_threads,
+        "learner_batch": [plan.rollout_length, plan.steps_per_update // plan.rollout_length],
+        "num_updates": plan.num_updates,
         "jax_version": jax.__version__,
-        "config": config_dict,
+        "config": plan.config,
+        "resumed_from_updates": start.resumed_from,
     }
 
-    # May this run resume the workdir's checkpoint? Decided from metadata alone, before
-    # anything compiles: a refused run fails here and changes nothing in the workdir.
-    params_key, learner_key, actor_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
-    checkpoint_dir = None if workdir is None else os.path.join(workdir, "checkpoints")
-    run_shape = {"num_processes": jax.process_count(),
-                 "num_learner_devices": int(learner_mesh.devices.size)}
-    resume_args = {
-        "config": config_dict, "run_shape": run_shape, "resumable": RESUMABLE_CHANGES,
-        "layout": state_layout(abstract_learner(agent, spec, learner_mesh, params_key,
-                                                learner_key)),
-    }
-    point = (None if checkpoint_dir is None
-             else workdir_lib.find_resume_point(checkpoint_dir, **resume_args))
 
-    # THE LEARNER STATE, then (below) its compiled update, before any thread starts
-    start = time.perf_counter()
-    learner_state, learner_keys = init_learner(agent, spec, learner_mesh, params_key, learner_key)
-    init_seconds = time.perf_counter() - start
-
-    # RESUME from the checkpoint found above (or, if it proves damaged, an older one).
-    checkpointer = None
-    start_update, wall_offset, resumed_from = 0, 0.0, None
-    if checkpoint_dir is not None:
-        # Asynchronous: the files are written while the learner goes on.
-        checkpointer = Checkpointer(checkpoint_dir,
-                                    max_to_keep=run_option(config, "checkpoint_keep"),
-                                    asynchronous=True)
-        try:
-            restored, point = workdir_lib.restore(
-                checkpointer, point,
-                {"learner_state": learner_state, "learner_keys": learner_keys}, **resume_args)
-        except BaseException:
-            checkpointer.close()
-            raise
-        if restored is not None:
-            learner_state = restored.state["learner_state"]
-            learner_keys = restored.state["learner_keys"]
-            held = {f"agent.{n}" for n in agent.sweepable}
-            if agent.set_hparams is not None and held & set(point.changes):
-                # Continuing with changed values (`resume_allow_changes`) that the restored
-                # state holds as the checkpoint's.
-                learner_state = set_learner_hparams(agent, learner_mesh, learner_state,
-                                                    config.agent)
-            start_update = resumed_from = int(restored.metadata["updates"])
-            wall_offset = float(restored.metadata["wall_time"])
-
-    if start_update >= num_updates:
-        return _already_done(config, workdir, checkpointer, learner_state, learner_keys,
-                             run_info, start_update, num_updates, init_seconds)
-
-    # COMPILE THE LEARNER
-    start = time.perf_counter()
-    act, pack = make_actor_functions(agent, len(learner_devices_here))
-    example_batch = abstract_batch(agent, spec, learner_mesh, rollout_length=rollout_length,
-                                   shard_batch=envs_per_thread // len(learner_devices_here),
-                                   num_rollouts=num_threads)
-    update_fn = replication.replicate(make_update(agent), learner_mesh, donate_argnums=(0, 1))
-    update_fn = update_fn.lower(learner_state, learner_keys, example_batch).compile()
-    local_actor_params = make_local_actor_params(agent)
-    compile_seconds = init_seconds + time.perf_counter() - start
-    run_info["resumed_from_updates"] = resumed_from
-
-    # Version `start_update` (0, or the checkpoint's) is what the first rollouts act with.
-    store = ParamsStore(actor_devices, keep=versions_to_keep(config.staleness, config.policy_lag))
-    store.publish(start_update, local_actor_params(learner_state))
-
-    # THREADS
-    supervisor = Supervisor()
-    stop = supervisor.stop
-    counters = ActorCounters()
-    learner_clock = ProgressClock()  # ticks after every update
-    actor_clock = ProgressClock()  # ticks after every environment step of any actor thread
-    queues = [queue.Queue(maxsize=config.queue_size) for _ in range(num_threads)]
-    envs: list[envpool_env.EnvpoolEnv] = []
-    # Resumed: the environments and actor keys start afresh, seeded by the resumed update.
-    resume_entropy = (start_update,) if resumed_from is not None else ()
-
-    # OUTPUTS (process 0); a resumed run drops what its predecessor logged after the checkpoint
-    records = workdir_lib.Records.open(
-        workdir, [workdir], config=config_dict, enabled=is_main, resumed_from=resumed_from,
-        total_env_steps=num_updates * steps_per_update,
-        resume_env_steps=None if resumed_from is None else resumed_from * steps_per_update,
-        changes=None if point is None else point.changes)
-    history = records.histories[0]
-    if is_main and workdir:
-        with open(os.path.join(workdir, "run_info.json"), "w") as f:
+def _open_records(session: RunSession, plan: SebulbaPlan, start: _Start,
+                  run_info: dict[str, Any]) -> workdir_lib.Records:
+    """The run's records (process 0; a resumed run drops what its predecessor logged after the
+    checkpoint), and run_info.json."""
+    resumed = start.resumed_from is not None
+    records = session.open_records(
+        [session.workdir], config=plan.config, enabled=plan.is_main,
+        resumed_from=start.resumed_from, total_env_steps=plan.total_env_steps,
+        resume_env_steps=start.updates * plan.steps_per_update if resumed else None)
+    if plan.is_main and session.workdir:
+        with open(os.path.join(session.workdir, "run_info.json"), "w") as f:
             json.dump(run_info, f, indent=2, default=str)
-    preemption = Preemption()
+    return records
 
+
+def _print_banner(plan: SebulbaPlan, session: RunSession, start: _Start,
+                  run_info: dict[str, Any], compile_seconds: float) -> None:
+    env = plan.env
+    lag = f" (lag {plan.policy_lag})" if plan.fixed else ""
+    print(f"Sebulba: {plan.agent_name} on {env.task} (protocol {env.protocol or 'none'}, envpool "
+          f"{run_info['environment']['envpool_version']}); {plan.num_processes} process(es); "
+          f"actors {run_info['actor_devices']} x {plan.topology.actor_threads_per_device} "
+          f"thread(s) x {plan.envs_per_thread} envs; learners {run_info['learner_devices']}; "
+          f"T={plan.rollout_length}, {plan.num_updates} updates, staleness={plan.staleness}"
+          f"{lag}; compiled in {compile_seconds:.1f}s", flush=True)
+    if start.resumed_from is not None:
+        session.print_resume(start.resumed_from,
+                             f"{start.resumed_from} of {plan.num_updates} updates done",
+                             "; the environments start afresh")
+
+
+def _wiring(plan: SebulbaPlan, compiled: _Compiled, run: LearnerRun, start: _Start) -> Wiring:
+    """The queues, parameter store, counters and clocks the threads share. The store holds
+    version `start.updates` (0, or the checkpoint's): what the first rollouts act with."""
+    store = ParamsStore(list(plan.actor_devices),
+                        keep=versions_to_keep(plan.staleness, plan.policy_lag))
+    store.publish(start.updates, compiled.local_actor_params(run.learner_state))
+    return Wiring(queues=[queue.Queue(maxsize=plan.queue_size)
+                          for _ in range(plan.num_actor_threads)],
+                  store=store, counters=ActorCounters(),
+                  learner_clock=ProgressClock(),  # ticks after every update
+                  actor_clock=ProgressClock())  # ticks after every step of any actor thread
+
+
+def _log_to(records: workdir_lib.Records,
+            log_fn: Callable[[dict], None] | None) -> Callable[[dict], None]:
     def log(record: dict) -> None:
         record = records.write(0, record)
         if log_fn is not None:
             log_fn(record)
 
-    learner = Learner(
-        update_fn=update_fn, local_actor_params=local_actor_params, state=learner_state,
-        keys=learner_keys, mesh=learner_mesh, queues=queues, store=store, counters=counters,
-        num_updates=num_updates, steps_per_update=steps_per_update, timeout_s=config.timeout_s,
-        seed=config.seed, start_update=start_update, log_every=config.log_every_updates,
-        frame_skip=frame_skip, log=log,
-        eval_every=eval_every,  # `evaluate` is set below, with process 0's environments
-        checkpointer=checkpointer, checkpoint_every=checkpoint_every,
-        checkpoint_metadata={"num_processes": jax.process_count(),
-                             "num_learner_devices": int(learner_mesh.devices.size),
-                             "config": config_dict},
-        should_stop=preemption.requested,
-        stop_check_every=1 if jax.process_count() == 1 else PREEMPTION_CHECK_EVERY,
-        learner_clock=learner_clock, actor_clock=actor_clock,
-        wall_offset=compile_seconds + wall_offset)
-    learner.saved_update = resumed_from
+    return log
 
-    if is_main:
-        print(f"Sebulba: {config.agent.name} on {task} (protocol {protocol or 'none'}, envpool "
-              f"{run_info['environment']['envpool_version']}); {jax.process_count()} "
-              f"process(es); actors {run_info['actor_devices']} x {config.actor_threads_per_device}"
-              f" thread(s) x {envs_per_thread} envs; learners {run_info['learner_devices']}; "
-              f"T={rollout_length}, {num_updates} updates, staleness={config.staleness}"
-              f"{f' (lag {config.policy_lag})' if fixed else ''}; compiled in "
-              f"{compile_seconds:.1f}s", flush=True)
-        if resumed_from is not None:
-            print(f"Resuming from the checkpoint at update {resumed_from:,} ({resumed_from} of "
-                  f"{num_updates} updates done) in {checkpointer.directory}; the environments "
-                  "start afresh", flush=True)
 
-    run_start = time.perf_counter()
-    close_seconds = 0.0
-    try:
-        with preemption:
-            for device_index in range(len(actor_devices)):
-                for j in range(config.actor_threads_per_device):
-                    thread_id = device_index * config.actor_threads_per_device + j
-                    env = envpool_env.EnvpoolEnv(
-                        task, envs_per_thread,
-                        seed=_env_seed(config.seed, process, thread_id, *resume_entropy),
-                        num_threads=config.env.num_threads, options=options)
-                    envs.append(env)
-                    key = jax.random.fold_in(jax.random.fold_in(actor_key, process), thread_id)
-                    for entropy in resume_entropy:
-                        key = jax.random.fold_in(key, entropy)
-                    actor = Actor(
-                        agent=agent, env=env, act=act, pack=pack, store=store,
-                        device_index=device_index, learner_devices=learner_devices_here,
-                        out=queues[thread_id], key=key, rollout_length=rollout_length,
-                        policy_lag=config.policy_lag if fixed else None,
-                        timeout_s=config.timeout_s, start_update=start_update,
-                        name=f"actor thread {thread_id}", counters=counters,
-                        learner_clock=learner_clock, actor_clock=actor_clock)
-                    supervisor.start(f"actor-{process}.{device_index}.{j}",
-                                     lambda a=actor: a.run(stop))
-            if eval_every > 0 and is_main:
-                # Its own environments, created once, seeded apart from the training ones.
-                eval_env = envpool_env.EnvpoolEnv(
-                    task, run_option(config, "eval_episodes"),
-                    seed=_env_seed(config.seed, EVAL_STREAM), num_threads=config.env.num_threads,
-                    options=eval_options)
-                envs.append(eval_env)
-                learner.evaluate = make_evaluator(agent, eval_env, actor_devices[0],
-                                                  max_steps=run_option(config, "eval_max_steps"))
-            supervisor.start(f"learner-{process}", lambda: learner.run(stop, run_start))
-            # The main thread only watches, so that Ctrl-C (and SIGTERM's handler) land here.
-            while not learner.done.is_set() and not stop.is_set():
-                stop.wait(0.1)
-    finally:
-        stuck = supervisor.join()
-        if not stuck:  # a thread still inside env.step must not find its environment freed
-            for env in envs:
-                env.close()
-        records.close()
-        if checkpointer is not None and not stuck:
-            close_start = time.perf_counter()
-            checkpointer.close()  # waits for the last save
-            close_seconds = time.perf_counter() - close_start
-    supervisor.raise_first_error()
-    if stuck and not learner.done.is_set():
-        raise StallError(f"threads did not stop within {JOIN_S:.0f}s: {stuck}")
-    run_seconds = time.perf_counter() - run_start
-    checkpoint_seconds = learner.checkpoint_seconds + close_seconds
+def _make_learner(plan: SebulbaPlan, mesh: jax.sharding.Mesh, compiled: _Compiled,
+                  wiring: Wiring, session: RunSession, start: _Start, *,
+                  log: Callable[[dict], None], evaluate: Callable | None,
+                  should_stop: Callable[[], bool], wall_offset: float) -> Learner:
+    schedule = LearnerSchedule(
+        num_updates=plan.num_updates, steps_per_update=plan.steps_per_update,
+        timeout_s=plan.timeout_s, seed=plan.seed, start_update=start.updates,
+        log_every=plan.log_every, eval_every=plan.eval_every,
+        checkpoint_every=plan.checkpoint_every,
+        stop_check_every=1 if plan.num_processes == 1 else PREEMPTION_CHECK_EVERY,
+        frame_skip=plan.frame_skip)
+    return Learner(
+        update_fn=compiled.update_fn, local_actor_params=compiled.local_actor_params,
+        mesh=mesh, schedule=schedule, wiring=wiring, log=log, evaluate=evaluate,
+        checkpointer=session.checkpointer,
+        checkpoint_metadata={"num_processes": plan.num_processes,
+                             "num_learner_devices": int(mesh.devices.size),
+                             "config": plan.config},
+        should_stop=should_stop, saved_update=start.resumed_from, wall_offset=wall_offset)
 
+
+def _already_done(plan: SebulbaPlan, session: RunSession, run: LearnerRun, start: _Start,
+                  run_info: dict[str, Any], init_seconds: float) -> TrainResult:
+    """The result of rerunning a run whose checkpoint is at or past its end: the restored
+    state and the log, with nothing compiled, started or written."""
+    history = []
+    if plan.is_main:
+        history = [r for r in metrics_lib.read_records(session.workdir)
+                   if r.get("updates", 0) <= start.updates]
+        print(f"Sebulba: nothing to do: the checkpoint at update {start.updates:,} in "
+              f"{session.checkpoint_dir} is at or past the run's end ({plan.num_updates:,} "
+              f"updates of {plan.agent_name} on {plan.env.task}).", flush=True)
+    return TrainResult(state=run, final_metrics=history[-1] if history else {},
+                       history=history, run_info=run_info, compile_seconds=init_seconds,
+                       run_seconds=0.0, resumed_from_updates=start.resumed_from)
+
+
+def _finish_run(plan: SebulbaPlan, session: RunSession, records: workdir_lib.Records,
+                watched: _Watched, learner: LearnerOutcome, run_info: dict[str, Any],
+                start: _Start, compile_seconds: float) -> TrainResult:
+    """The end-of-run summary (process 0), the final parameters if asked for, and the
+    result."""
+    run_seconds = time.perf_counter() - watched.run_start
+    checkpoint_seconds = learner.checkpoint_seconds + session.checkpoint_close_seconds
+    history = records.histories[0]
     final = history[-1] if history else {}
-    if is_main:
-        metrics_lib.print_end_of_run(
-            final, interrupted=learner.interrupted, signal_received=preemption.received,
-            checkpoint_directory=None if checkpointer is None else checkpointer.directory,
-            saved_update=learner.saved_update, run_seconds=run_seconds,
-            compile_seconds=compile_seconds, checkpoint_seconds=checkpoint_seconds,
-            eval_seconds=learner.eval_seconds)
+    if plan.is_main:
+        print_end_of_run(
+            final, interrupted=learner.interrupted, signal_received=watched.signal_received,
+            checkpoint_directory=session.checkpoint_dir, saved_update=learner.saved_update,
+            run_seconds=run_seconds, compile_seconds=compile_seconds,
+            checkpoint_seconds=checkpoint_seconds, eval_seconds=learner.eval_seconds)
     result = TrainResult(
-        learner_state=learner.state,
-        learner_keys=learner.keys,
-        final_metrics=final,
-        history=history,
+        state=LearnerRun(learner.state, learner.keys), final_metrics=final, history=history,
+        compile_seconds=compile_seconds, run_seconds=run_seconds,
+        interrupted=learner.interrupted, resumed_from_updates=start.resumed_from,
+        checkpoint_seconds=checkpoint_seconds, eval_seconds=learner.eval_seconds,
         policy_lags=learner.policy_lags,
-        actor_params=[store.newest(i) for i in range(len(actor_devices))],
-        last_batch=learner.last_batch,
-        run_info=run_info,
-        compile_seconds=compile_seconds,
-        run_seconds=run_seconds,
-        interrupted=learner.interrupted,
-        resumed_from_updates=resumed_from,
-        checkpoint_seconds=checkpoint_seconds,
-        eval_seconds=learner.eval_seconds,
-    )
-    if workdir and config.get("save_final_params", False) and not learner.interrupted:
-        save_params(result.params, os.path.join(workdir, f"final_params.process{process}.npz"))
+        actor_params=watched.actor_params,
+        last_batch=learner.last_batch, run_info=run_info)
+    if session.workdir and plan.save_final_params and not learner.interrupted:
+        save_params(result.params, os.path.join(
+            session.workdir, f"final_params.process{plan.process_index}.npz"))
     return result
 
 
-def _already_done(config: ml_collections.ConfigDict, workdir: str, checkpointer: Checkpointer,
-                  learner_state: Any, learner_keys: jax.Array, run_info: dict[str, Any],
-                  resumed_from: int, num_updates: int, init_seconds: float) -> TrainResult:
-    """The result of rerunning a run whose checkpoint is at or past its end: the restored
-    state and the log, with nothing compiled, started or written."""
-    checkpointer.close()
-    run_info["resumed_from_updates"] = resumed_from
-    history = []
-    if jax.process_index() == 0:
-        history = [r for r in metrics_lib.read_records(workdir)
-                   if r.get("updates", 0) <= resumed_from]
-        print(f"Sebulba: nothing to do: the checkpoint at update {resumed_from:,} in "
-              f"{checkpointer.directory} is at or past the run's end ({num_updates:,} updates "
-              f"of {config.agent.name} on {config.env.task}).", flush=True)
-    return TrainResult(
-        learner_state=learner_state, learner_keys=learner_keys,
-        final_metrics=history[-1] if history else {}, history=history, policy_lags=[],
-        actor_params=[], last_batch=(), run_info=run_info, compile_seconds=init_seconds,
-        run_seconds=0.0, resumed_from_updates=resumed_from)
+def _env_seed(*entropy: int) -> int:
+    """An envpool seed (a non-negative int32) from a tuple of integers."""
+    return int(np.random.SeedSequence(list(entropy)).generate_state(1)[0] % (2**31 - 1))
 
 
 def save_params(params: Any, path: str) -> None:
@@ -455,3 +438,98 @@ def save_params(params: Any, path: str) -> None:
     np.savez(path, **{jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves})
 
 
+# ---------------------------------------------------------------------------------------------
+# THE THREADS
+
+
+class _Threads:
+    """This process's threads (its actor threads and the learner's) under one supervisor, and
+    the environments they own: started, watched from the main thread, and joined."""
+
+    def __init__(self, plan: SebulbaPlan):
+        self._plan = plan
+        self._supervisor = Supervisor()
+        self._envs: list[envpool_env.EnvpoolEnv] = []  # closed by `join`
+
+    def _env(self, num_envs: int, seed: int, options: dict[str, Any]) -> envpool_env.EnvpoolEnv:
+        env = envpool_env.EnvpoolEnv(self._plan.env.task, num_envs, seed=seed,
+                                     num_threads=self._plan.env_threads, options=options)
+        self._envs.append(env)
+        return env
+
+    def evaluator(self) -> Callable[[Any, jax.Array], dict] | None:
+        """Process 0's greedy evaluation, on environments of its own, created once and seeded
+        apart from the training ones; None when the run does not evaluate (or elsewhere)."""
+        plan = self._plan
+        if plan.eval_every == 0 or not plan.is_main:
+            return None
+        env = self._env(plan.eval_episodes, _env_seed(plan.seed, EVAL_STREAM),
+                        plan.env.eval_options)
+        return make_evaluator(plan.agent, env, plan.actor_devices[0],
+                              max_steps=plan.eval_max_steps)
+
+    def run(self, learner: Learner, run: LearnerRun, compiled: _Compiled, wiring: Wiring,
+            actor_key: jax.Array, start: _Start, preemption: Preemption) -> _Watched:
+        """Starts the actor threads and the learner's (which returns its `LearnerOutcome` into a
+        future), then watches until the learner is done or a thread fails. The main thread
+        only watches, so that Ctrl-C and SIGTERM's handler (`preemption`) land here."""
+        run_start = time.perf_counter()
+        stop = self._supervisor.stop
+        outcome: Future = Future()
+        with preemption:
+            self._start_actors(compiled, wiring, actor_key, start)
+            self._supervisor.start(
+                f"learner-{self._plan.process_index}", lambda: outcome.set_result(
+                    learner.run(stop, run.learner_state, run.learner_keys, run_start)))
+            while not outcome.done() and not stop.is_set():
+                stop.wait(0.1)
+        return _Watched(learner=outcome, run_start=run_start,
+                        signal_received=preemption.received,
+                        actor_params=[wiring.store.newest(i)
+                                      for i in range(len(wiring.store.devices))])
+
+    def _start_actors(self, compiled: _Compiled, wiring: Wiring, actor_key: jax.Array,
+                      start: _Start) -> None:
+        """One actor thread per (actor device, thread), each on an envpool batch of its own.
+        A resumed run's environments and actor keys start afresh, seeded by its update."""
+        plan = self._plan
+        process, per_device = plan.process_index, plan.topology.actor_threads_per_device
+        for device_index in range(len(plan.actor_devices)):
+            for j in range(per_device):
+                thread_id = device_index * per_device + j
+                env = self._env(plan.envs_per_thread,
+                                _env_seed(plan.seed, process, thread_id, *start.entropy),
+                                plan.env.options)
+                key = jax.random.fold_in(jax.random.fold_in(actor_key, process), thread_id)
+                for entropy in start.entropy:
+                    key = jax.random.fold_in(key, entropy)
+                actor = Actor(
+                    agent=plan.agent, env=env, act=compiled.act, pack=compiled.pack,
+                    store=wiring.store, device_index=device_index,
+                    learner_devices=list(plan.local_learner_devices),
+                    out=wiring.queues[thread_id], key=key, rollout_length=plan.rollout_length,
+                    policy_lag=plan.policy_lag if plan.fixed else None,
+                    timeout_s=plan.timeout_s, start_update=start.updates,
+                    name=f"actor thread {thread_id}", counters=wiring.counters,
+                    learner_clock=wiring.learner_clock, actor_clock=wiring.actor_clock)
+                self._supervisor.start(f"actor-{process}.{device_index}.{j}",
+                                      functools.partial(actor.run, self._supervisor.stop))
+
+    def join(self) -> list[str]:
+        """Stops and joins every thread, then closes the environments unless a thread is still
+        running (it may be inside `env.step`); returns the names of those still running."""
+        stuck = self._supervisor.join()
+        if not stuck:
+            for env in self._envs:
+                env.close()
+            self._envs.clear()
+        return stuck
+
+    def learner_outcome(self, watched: _Watched, stuck: list[str]) -> LearnerOutcome:
+        """What the learner returned, once the threads are joined; raises the first thread's
+        failure instead, or `StallError` if the learner did not finish and would not stop."""
+        self._supervisor.raise_first_error()
+        finished = watched.learner.done() and watched.learner.result().completed
+        if stuck and not finished:
+            raise StallError(f"threads did not stop within {JOIN_S:.0f}s: {stuck}")
+        return watched.learner.result(timeout=0)

@@ -206,6 +206,7 @@ def test_sigterm_stops_after_the_next_update_with_a_checkpoint(preempted):
     assert checkpoint_steps(workdir) == [stopped_at]  # checkpoint_every_updates=0: only this
     assert int(jax.device_get(result.learner_state.updates)[0]) == stopped_at
     assert result.checkpoint_seconds > 0
+    assert not os.path.exists(os.path.join(workdir, "run.lock"))  # released on SIGTERM too
     # What was saved is the state the run stopped with, MuZero's replay included: one window
     # per environment per update, 11 x 8 = 88 windows written into its 128 / T = 16 slots,
     # so the next one is slot 88 mod 16 = 8.
@@ -234,6 +235,7 @@ def test_rerun_restores_the_saved_learner_state_bit_for_bit(preempted):
     _assert_bitwise_equal(restored.learner_state, result.learner_state)
     _assert_bitwise_equal(restored.learner_keys, result.learner_keys)
     assert [r["updates"] for r in restored.history] == [5, 10, stopped_at]
+    assert not os.path.exists(os.path.join(workdir, "run.lock"))  # released with nothing to do
 
 
 def test_a_checkpoint_made_with_another_config_is_not_resumed(preempted):

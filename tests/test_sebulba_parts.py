@@ -21,11 +21,13 @@ import numpy as np
 import agents
 from experiments.configs import sebulba_vtrace_cartpole
 from podracer import replication
+from podracer.faults import FINITE
 from sebulba import envpool_env
 from sebulba.actor import Actor, ActorCounters, Rollout, make_actor_functions
 from sebulba.learner import (
-    FINITE,
     Learner,
+    LearnerSchedule,
+    Wiring,
     abstract_batch,
     init_learner,
     make_local_actor_params,
@@ -145,14 +147,16 @@ def test_the_learner_loop_alone_consumes_hand_made_rollouts_and_publishes_each_v
     for version in (0, 0, 1):  # the versions of a lag-1 run's rollouts 1, 2, 3
         q.put(_zero_rollout(agent, spec, mesh, version))
     records = []
-    learner = Learner(update_fn=update_fn, local_actor_params=local_actor_params, state=state,
-                      keys=keys, mesh=mesh, queues=[q], store=store, counters=ActorCounters(),
-                      num_updates=3, steps_per_update=T * B, timeout_s=30.0, seed=0,
-                      log_every=1, log=records.append)
-    learner.run(threading.Event())
+    learner = Learner(update_fn=update_fn, local_actor_params=local_actor_params, mesh=mesh,
+                      schedule=LearnerSchedule(num_updates=3, steps_per_update=T * B,
+                                               timeout_s=30.0, seed=0, log_every=1),
+                      wiring=Wiring(queues=[q], store=store, counters=ActorCounters()),
+                      log=records.append)
+    outcome = learner.run(threading.Event(), state, keys)
 
-    assert learner.done.is_set() and not learner.interrupted
-    assert learner.policy_lags == [0, 1, 1]  # (u - 1) - oldest version, u = 1, 2, 3
+    assert outcome.completed and not outcome.interrupted
+    assert outcome.policy_lags == [0, 1, 1]  # (u - 1) - oldest version, u = 1, 2, 3
+    assert int(replication.unreplicate(outcome.state.updates)) == 3  # what it returns is after
     assert [r["updates"] for r in records] == [1, 2, 3]
     assert [r["env_steps"] for r in records] == [T * B, 2 * T * B, 3 * T * B]
     assert store.newest(0)[0] == 3
@@ -192,12 +196,13 @@ def test_the_learner_dispatches_each_update_before_the_previous_one_is_computed(
     learner = Learner(update_fn=recording_update,
                       local_actor_params=lambda s: local_params(
                           jax.tree.map(lambda x: x.addressable_shards[0].data, s)),
-                      state=state, keys=keys, mesh=mesh, queues=[q], store=store,
-                      counters=ActorCounters(), num_updates=4, steps_per_update=1,
-                      timeout_s=60.0, seed=0, log_every=4)
-    learner.run(threading.Event())
+                      mesh=mesh,
+                      schedule=LearnerSchedule(num_updates=4, steps_per_update=1, timeout_s=60.0,
+                                               seed=0, log_every=4),
+                      wiring=Wiring(queues=[q], store=store, counters=ActorCounters()))
+    outcome = learner.run(threading.Event(), state, keys)
 
-    assert learner.done.is_set() and store.newest(0)[0] == 4
+    assert outcome.completed and store.newest(0)[0] == 4
     assert calls[0] == []
     assert calls[1] == [False]  # update 2 called while update 1 computes
     assert calls[2][0] and calls[3][1]  # update u - 2 computed before update u is called

@@ -14,7 +14,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import assert_trees_equal, relative_differences
+from conftest import assert_trees_equal, relative_differences, snapshot
 
 import sebulba
 from experiments.configs import sebulba_vtrace_cartpole
@@ -273,6 +273,7 @@ def test_a_nan_stops_the_run_naming_the_update_before_any_checkpoint(tmp_path):
     saved = [int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
     # Checkpoints every update up to the failure, none from the failed state or after it.
     assert saved and max(saved) == bad_update - 1
+    assert not os.path.exists(os.path.join(workdir, "run.lock"))  # a failed run unlocks too
 
 
 def test_a_missing_parent_workdir_fails_before_anything_starts(tmp_path):
@@ -283,3 +284,34 @@ def test_a_missing_parent_workdir_fails_before_anything_starts(tmp_path):
         sebulba.train(_config(), str(tmp_path / "missing" / "run"))
     assert time.monotonic() - start < 5  # nothing compiled, no environment made
     assert os.listdir(tmp_path) == []
+
+
+def test_a_locked_workdir_is_refused_before_compiling_and_left_untouched(tmp_path, monkeypatch):
+    # Another run holds the workdir (flock is per open file, so a second hold taken in this
+    # process conflicts as one from another process would). The refused run must not compile,
+    # start anything or touch the workdir: not even replace the records of an attempt that
+    # never finished a checkpoint, as a fresh start there would.
+    from podracer.session import LOCK_FILE, WorkdirLock, WorkdirLockedError
+
+    workdir = str(tmp_path / "run")
+    held = WorkdirLock.acquire(workdir)
+    try:
+        with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+            f.write('{"env_steps": 96, "updates": 1}\n')
+        before = snapshot(workdir)
+        built = []
+        monkeypatch.setattr(sebulba.runner, "init_learner",
+                            lambda *args, **kwargs: built.append("init_learner"))
+        monkeypatch.setattr(sebulba.runner, "make_update",
+                            lambda *args, **kwargs: built.append("make_update"))
+        start = time.monotonic()
+        with pytest.raises(WorkdirLockedError, match="in use by a run that is still alive") as info:
+            sebulba.train(_config(actor_device_ids=(0,), learner_device_ids=(0,)), workdir)
+        assert time.monotonic() - start < 5  # nothing compiled, no environment made
+        assert built == []
+        assert info.value.holder["pid"] == os.getpid()  # it names the holder
+        assert snapshot(workdir) == before  # the holder's lock file and the records as they were
+        assert held.held
+    finally:
+        held.release()
+    assert not os.path.exists(os.path.join(workdir, LOCK_FILE))
