@@ -1,6 +1,6 @@
 """Anakin: whole agent-environment-update programs compiled and replicated over devices."""
 
-from anakin.config import sweep_runs, validate
+from anakin.config import default_config, sweep_runs, validate
 from anakin.programs import (
     RunnerState,
     episode_statistics,
@@ -10,5 +10,5 @@ from anakin.programs import (
 )
 from anakin.runner import TrainResult, train
 
-__all__ = ["RunnerState", "TrainResult", "episode_statistics", "make_evaluator",
-           "make_programs", "make_rollout", "sweep_runs", "train", "validate"]
+__all__ = ["RunnerState", "TrainResult", "default_config", "episode_statistics",
+           "make_evaluator", "make_programs", "make_rollout", "sweep_runs", "train", "validate"]

@@ -16,6 +16,41 @@ DEFAULTS: dict[str, Any] = cfg.RUN_OPTION_DEFAULTS
 option = cfg.run_option
 
 
+def default_config() -> ml_collections.ConfigDict:
+    """Every field the Anakin runner reads, at its default. An experiment config starts here,
+    sets `agent` (left None) and changes only what the experiment needs; the checkpoint and
+    evaluation fields hold the values a config without them gets (`DEFAULTS`)."""
+    config = ml_collections.ConfigDict()
+    config.seed = 0  # with the config and device count, fixes the run (README: Determinism)
+    config.num_devices = 0  # devices to replicate over; 0 = every device of every process
+    config.env = ml_collections.ConfigDict()
+    config.env.name = "catch"  # any name in envs_jax.registered()
+    config.env.kwargs = ml_collections.ConfigDict()  # passed to envs_jax.make
+    config.env.max_episode_steps = 0  # time limit added by the runner; 0 = none
+    config.agent = None  # the experiment sets it, e.g. config.agent = vtrace.default_config()
+    config.num_envs = 256  # environments in total, split evenly over the devices
+    config.rollout_length = 20  # T: steps per trajectory (and per update)
+    config.updates_per_chunk = 50  # K: updates per compiled call; one log line per chunk
+    config.total_env_steps = 2_000_000  # agent steps of the run, rounded up to whole chunks
+    # With a --workdir, learner updates between checkpoints in <workdir>/checkpoints, taken at
+    # the first chunk end past each multiple; 0 = none but the one at the end and on SIGTERM.
+    config.checkpoint_every_updates = 0
+    config.checkpoint_keep = 3  # the newest checkpoints kept
+    # Fields a resumed run may change on purpose (none that reshapes the saved state), e.g.
+    # ('agent.learning_rate',); any other difference from the checkpoint refuses to resume.
+    config.resume_allow_changes = ()
+    config.eval_every_updates = 0  # greedy evaluation on separate environments; 0 = none
+    config.eval_episodes = 32  # one episode on each of this many fresh environments
+    config.eval_max_steps = 1000  # an evaluation episode still running here counts as it stands
+    # Sweeps: R independent runs vmapped inside one compiled program, logged in run_<i>/.
+    config.sweep = ml_collections.ConfigDict()
+    config.sweep.seeds = ()  # one seed per run; () = config.seed for every run
+    # Agent fields in the agent's `sweepable`, e.g. learning_rate = (1e-3, 3e-4): one value
+    # per run, zipped with the seeds.
+    config.sweep.agent = ml_collections.ConfigDict()
+    return config
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One of the independent runs that a sweep vmaps inside one program."""
@@ -89,7 +124,7 @@ def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> i
     if env_name not in envs_jax.registered(adapters=False):
         # Listing the adapters imports their libraries (seconds): only for non-native names.
         cfg.require_choice(config, "env.name", envs_jax.registered())
-    cfg.require_choice(config, "agent.name", agents.registered())
+    cfg.require_agent(config, agents.registered())
     cfg.require_positive(config, "num_envs", "rollout_length", "updates_per_chunk",
                          "total_env_steps", "agent.learning_rate")
     cfg.require_non_negative(config, "num_devices", "env.max_episode_steps", "seed")

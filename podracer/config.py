@@ -69,7 +69,8 @@ def require_divisible(config: ml_collections.ConfigDict, field: str, divisor: in
 
 # Fields every runner accepts for checkpoints and evaluation, added after the first configs
 # were written, with the values a config without them gets (so that configs built by hand
-# before them keep working).
+# before them keep working). `anakin.default_config()` and `sebulba.default_config()` hold them
+# at these same values.
 RUN_OPTION_DEFAULTS: dict[str, Any] = {
     "checkpoint_every_updates": 0,  # 0: only at the end and on SIGTERM
     "checkpoint_keep": 3,
@@ -82,6 +83,18 @@ RUN_OPTION_DEFAULTS: dict[str, Any] = {
 def run_option(config: ml_collections.ConfigDict, field: str) -> Any:
     """`config.<field>` for a field of `RUN_OPTION_DEFAULTS`, or its default when absent."""
     return config.get(field, RUN_OPTION_DEFAULTS[field])
+
+
+def require_agent(config: ml_collections.ConfigDict, choices: Iterable[str]) -> None:
+    """`config.agent` is set (a runner's `default_config()` leaves it None) and names one of
+    `choices`."""
+    choices = list(choices)
+    if config.get("agent") is None:
+        raise ConfigError("agent", "is not set",
+                          "set it to an agent's default config, e.g. config.agent = "
+                          "vtrace.default_config() after `from agents import vtrace` "
+                          f"(registered agents: {', '.join(map(str, choices))})")
+    require_choice(config, "agent.name", choices)
 
 
 def validate_run_options(config: ml_collections.ConfigDict) -> None:

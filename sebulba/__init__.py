@@ -3,7 +3,7 @@ device-to-device to learner devices, a replicated learner, parameters pushed bac
 """
 
 from sebulba.actor import Actor
-from sebulba.config import STALENESS, Topology, validate
+from sebulba.config import STALENESS, Topology, default_config, validate
 from sebulba.envpool_env import ATARI_PROTOCOLS, EnvpoolEnv, env_spec, make_options
 from sebulba.evaluation import make_evaluator
 from sebulba.learner import Learner
@@ -22,6 +22,7 @@ __all__ = [
     "ThreadFailure",
     "Topology",
     "TrainResult",
+    "default_config",
     "env_spec",
     "make_evaluator",
     "make_options",

@@ -15,6 +15,51 @@ from sebulba import envpool_env
 STALENESS = ("fixed", "latest")
 
 
+def default_config() -> ml_collections.ConfigDict:
+    """Every field the Sebulba runner reads, at its default. An experiment config starts here,
+    sets `agent` (left None) and changes only what the experiment needs; the checkpoint and
+    evaluation fields hold the values a config without them gets
+    (`podracer.config.RUN_OPTION_DEFAULTS`)."""
+    config = ml_collections.ConfigDict()
+    config.seed = 0  # with config and devices, fixes a fixed-lag run (README: Determinism)
+    config.env = ml_collections.ConfigDict()
+    config.env.task = "CartPole-v1"  # any envpool task id
+    config.env.protocol = "none"  # Atari only: a name in sebulba.ATARI_PROTOCOLS
+    config.env.kwargs = ml_collections.ConfigDict()  # envpool options over the protocol's (recorded)
+    # Evaluation's options over those (recorded, and kept to the training spec), e.g.
+    # episodic_life=False for whole games.
+    config.env.eval_kwargs = ml_collections.ConfigDict()
+    config.env.num_threads = 1  # envpool C++ threads per actor thread; 0 = envpool's default
+    config.agent = None  # the experiment sets it, e.g. config.agent = vtrace.default_config()
+    # Devices are indices into each process's local devices; the same ones may act and learn
+    # (on an 8-GPU host, e.g. actor_device_ids=(0, 1) and learner_device_ids=(2, ..., 7)).
+    config.actor_device_ids = (0,)  # where the actor threads choose actions
+    config.learner_device_ids = (0,)  # the replicated learner, one shard of each batch each
+    config.actor_threads_per_device = 1  # each with its own envpool batch
+    config.envs_per_actor_thread = 32  # B; must be divisible by the number of learner devices
+    config.rollout_length = 32  # T: steps per trajectory
+    config.staleness = "fixed"  # "fixed": exactly policy_lag versions behind | "latest"
+    config.policy_lag = 1  # fixed protocol: rollout k acts with version max(k - 1 - lag, 0)
+    config.queue_size = 1  # trajectories each actor thread may have waiting for the learner
+    config.total_env_steps = 500_000  # agent steps over all processes
+    config.log_every_updates = 20  # one metrics.jsonl line (and progress line) per this many
+    config.timeout_s = 300.0  # longest any thread waits for another before the run fails
+    config.save_final_params = False  # write <workdir>/final_params.process<i>.npz at the end
+    # With a --workdir, learner updates between checkpoints in <workdir>/checkpoints; 0 = none
+    # but the one at the end and on SIGTERM.
+    config.checkpoint_every_updates = 0
+    config.checkpoint_keep = 3  # the newest checkpoints kept
+    # Fields a resumed run may change on purpose (none that reshapes the saved state), e.g.
+    # ('agent.learning_rate',); any other difference from the checkpoint refuses to resume.
+    config.resume_allow_changes = ()
+    # Learner updates between greedy evaluations on separate environments; 0 = none. It
+    # pauses the learner while it plays: up to eval_max_steps inferences per evaluation.
+    config.eval_every_updates = 0
+    config.eval_episodes = 32  # one episode on each of this many environments
+    config.eval_max_steps = 1000  # an evaluation episode still running here counts as it stands
+    return config
+
+
 @dataclasses.dataclass(frozen=True)
 class Topology:
     """Which devices act and learn. Indices are local: the same in every process."""
@@ -60,7 +105,7 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
     num_local = jax.local_device_count() if num_local_devices is None else num_local_devices
     num_processes = jax.process_count() if num_processes is None else num_processes
 
-    cfg.require_choice(config, "agent.name", agents.registered())
+    cfg.require_agent(config, agents.registered())
     cfg.require_positive(config, "envs_per_actor_thread", "actor_threads_per_device",
                          "rollout_length", "total_env_steps", "queue_size", "log_every_updates",
                          "timeout_s", "agent.learning_rate")

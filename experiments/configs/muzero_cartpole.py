@@ -6,12 +6,12 @@ targets and updates on the learner devices.
 
 import ml_collections
 
+import sebulba
 from agents import muzero
-from experiments.configs import sebulba_vtrace_cartpole
 
 
 def get_config() -> ml_collections.ConfigDict:
-    config = sebulba_vtrace_cartpole.get_config()
+    config = sebulba.default_config()  # CartPole-v1, one device acting and learning
     config.agent = muzero.default_config()
     config.envs_per_actor_thread = 16
     config.rollout_length = 10

@@ -4,18 +4,19 @@
 
 4 environments, T = 128, 4 epochs x 4 minibatches, separate 64x64 tanh MLPs for policy and
 value, Adam at 2.5e-4 annealed linearly to 0 over the run, 976 updates (499,712 steps). The
-500-step time limit is a truncation (LAST with discount 1) that PPO bootstraps from. Measured
+500-step time limit is a truncation (LAST with discount 1) that PPO bootstraps from. Anakin's
+defaults leave periodic checkpoints (one is written at the end) and evaluation off. Measured
 runs: docs/benchmarks.md, "PPO" (speed) and "Learning: PPO" (returns).
 """
 
 import ml_collections
 
+import anakin
 from agents import ppo
-from experiments.configs import vtrace_catch
 
 
 def get_config() -> ml_collections.ConfigDict:
-    config = vtrace_catch.get_config()  # the run, checkpoint, evaluation and sweep fields
+    config = anakin.default_config()
     config.env.name = "CartPole-v1"  # envs_jax's JAX port, parity-tested against gymnasium
     config.agent = ppo.default_config()
     config.agent.hidden_sizes = (64, 64)
@@ -31,6 +32,4 @@ def get_config() -> ml_collections.ConfigDict:
     # The step size reaches 0 at the last update, whatever the run length on the command line.
     config.agent.anneal_lr_updates = config.get_ref("total_env_steps") // (
         config.get_ref("num_envs") * config.get_ref("rollout_length"))
-    config.checkpoint_every_updates = 0  # at the end only
-    config.eval_every_updates = 0
     return config

@@ -9,12 +9,12 @@ torque to [-2, 2]. Measured runs: docs/benchmarks.md, "Learning: PPO".
 
 import ml_collections
 
+import anakin
 from agents import ppo
-from experiments.configs import vtrace_catch
 
 
 def get_config() -> ml_collections.ConfigDict:
-    config = vtrace_catch.get_config()
+    config = anakin.default_config()
     config.env.name = "Pendulum-v1"
     config.agent = ppo.default_config()
     config.agent.hidden_sizes = (64, 64)
@@ -32,6 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.total_env_steps = 1_000_000
     config.agent.anneal_lr_updates = config.get_ref("total_env_steps") // (
         config.get_ref("num_envs") * config.get_ref("rollout_length"))
+    config.checkpoint_every_updates = 200  # with a --workdir (the run has 490 updates)
     config.eval_every_updates = 100
     config.eval_episodes = 16
     return config

@@ -25,9 +25,7 @@ from experiments.configs import sebulba_vtrace_atari
 
 
 def get_config() -> ml_collections.ConfigDict:
-    config = sebulba_vtrace_atari.get_config()  # env, devices, run, checkpoint, eval fields
-    config.env.task = "Pong-v5"  # any envpool Atari task id ("<Game>-v5")
-    config.env.protocol = "impala"  # "impala" | "machado" (sebulba.ATARI_PROTOCOLS)
+    config = sebulba_vtrace_atari.get_config()  # Pong-v5 under the impala protocol
     config.agent = ppo.default_config()
     config.agent.torso = "conv"  # the DQN/IMPALA-shallow torso, shared by policy and value
     config.agent.learning_rate = 2.5e-4
@@ -42,8 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.actor_threads_per_device = 2  # one steps its environments while the other infers
     config.envs_per_actor_thread = 4  # B; 2 threads x 4 = 8 environments per update
     config.rollout_length = 128  # T
-    config.staleness = "fixed"
-    config.policy_lag = 1
+    config.policy_lag = 1  # acting overlaps learning: one version stale, corrected above
     config.total_env_steps = 10_000_000  # agent steps over all processes (40M frames)
     # One actor device in one process: these are the learner steps of the run.
     config.agent.anneal_lr_updates = config.get_ref("total_env_steps") // (

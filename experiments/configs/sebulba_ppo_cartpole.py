@@ -12,12 +12,12 @@ one version stale, and `agent.off_policy` chooses between plain PPO ("plain", th
 
 import ml_collections
 
+import sebulba
 from agents import ppo
-from experiments.configs import sebulba_vtrace_cartpole
 
 
 def get_config() -> ml_collections.ConfigDict:
-    config = sebulba_vtrace_cartpole.get_config()  # devices, run, checkpoint, evaluation fields
+    config = sebulba.default_config()  # CartPole-v1, one device acting and learning
     config.agent = ppo.default_config()
     config.agent.hidden_sizes = (64, 64)
     config.agent.activation = "tanh"
@@ -27,7 +27,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.off_policy = "plain"  # "plain" | "corrected": what to do with stale data
     config.envs_per_actor_thread = 8
     config.rollout_length = 128
-    config.staleness = "fixed"
     config.policy_lag = 0  # on-policy; 1 overlaps acting with learning (off-policy by 1)
     config.total_env_steps = 500_000
     # One actor thread on one device in one process: these are the learner steps of the run.
