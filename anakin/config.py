@@ -10,6 +10,7 @@ import ml_collections
 import agents
 import envs_jax
 from podracer import config as cfg
+from podracer.agent import Agent
 
 # The checkpoint and evaluation fields, shared with Sebulba (see `podracer.config`).
 DEFAULTS: dict[str, Any] = cfg.RUN_OPTION_DEFAULTS
@@ -115,6 +116,22 @@ def _validate_sweep(config: ml_collections.ConfigDict, sweepable: tuple[str, ...
 
 def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> int:
     """Checks `config` and returns the number of devices the run will use."""
+    return check(config, num_available_devices).num_devices
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """What validating a config built: the run's device count, its environment (wrapped for
+    training) and its agent, each built once."""
+
+    num_devices: int
+    env: envs_jax.Environment
+    agent: Agent
+
+
+def check(config: ml_collections.ConfigDict, num_available_devices: int) -> Checked:
+    """Checks `config` (a bad field raises `ConfigError`, naming it and the fix) and returns
+    the device count, environment and agent it describes."""
     env_name = cfg.get(config, "env.name")
     extra = envs_jax.missing_extra(env_name) if isinstance(env_name, str) else None
     if extra is not None:
@@ -138,6 +155,7 @@ def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> i
         )
     cfg.require_divisible(config, "num_envs", num_devices, "the number of devices")
     env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
+    env = envs_jax.wrap_for_training(env, config.env.max_episode_steps or None)
     action_spec = env.action_spec()
     agents.check_action_spec(action_spec, config.agent.name, field="env.name",
                              env_name=config.env.name)
@@ -147,11 +165,8 @@ def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> i
             "env.name", f"{config.env.name!r} gives one reward per agent (shape "
             f"{reward_shape})",
             "choose a single-agent environment: the agents here learn from one scalar reward")
-    sweep = config.get("sweep")
-    if sweep is not None:
-        sweepable: tuple[str, ...] = ()
-        if sweep.get("agent"):
-            agent = agents.make(config.agent, env.spec())
-            sweepable = agent.sweepable if agent.set_hparams is not None else ()
+    agent = agents.make(config.agent, env.spec())
+    if config.get("sweep") is not None:
+        sweepable = agent.sweepable if agent.set_hparams is not None else ()
         _validate_sweep(config, sweepable, config.agent.name)
-    return num_devices
+    return Checked(num_devices=num_devices, env=env, agent=agent)

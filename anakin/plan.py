@@ -1,6 +1,6 @@
 """What an Anakin run will do, worked out once from its config: `make_plan` validates the config
-(`anakin.config.validate`) and returns a frozen `RunPlan` that the host loop reads instead of
-the config."""
+(`anakin.config.check`, which builds the environment and the agent once) and returns a frozen
+`RunPlan` that the host loop reads instead of the config."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from typing import Any
 import jax
 import ml_collections
 
-from anakin.config import Run, option, sweep_runs, validate
+import envs_jax
+from anakin.config import Run, check, option, sweep_runs
 from podracer import metrics as metrics_lib
+from podracer.agent import Agent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +23,8 @@ class RunPlan:
     config: dict[str, Any]  # the resolved config, as plain data (recorded, checked on resume)
     agent_name: str
     env_name: str
+    env: envs_jax.Environment  # wrapped for training (time limit, auto-reset)
+    agent: Agent
     num_devices: int
     num_envs: int
     rollout_length: int
@@ -61,14 +65,16 @@ class RunPlan:
 def make_plan(config: ml_collections.ConfigDict, num_available_devices: int) -> RunPlan:
     """Validates `config` (a bad field raises `ConfigError`, naming it and the fix) and plans the
     run on `num_available_devices` devices."""
-    num_devices = validate(config, num_available_devices)
+    checked = check(config, num_available_devices)
     runs = sweep_runs(config)
     steps_per_chunk = config.updates_per_chunk * config.rollout_length * config.num_envs
     return RunPlan(
         config=metrics_lib.config_to_dict(config),
         agent_name=config.agent.name,
         env_name=config.env.name,
-        num_devices=num_devices,
+        env=checked.env,
+        agent=checked.agent,
+        num_devices=checked.num_devices,
         num_envs=config.num_envs,
         rollout_length=config.rollout_length,
         updates_per_chunk=config.updates_per_chunk,

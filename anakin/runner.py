@@ -51,7 +51,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-import agents
 import envs_jax
 from anakin.config import Run
 from anakin.plan import RunPlan, make_plan
@@ -99,8 +98,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     session = RunSession.open(workdir)
     try:
         started = time.perf_counter()
-        programs = _programs(config, plan)
-        init_args = _init_args(config, plan, programs)
+        programs = _programs(plan)
+        init_args = _init_args(plan, programs)
         session.find_resume_point(
             config=plan.config, resumable=RESUMABLE_CHANGES,
             layout=state_layout(jax.eval_shape(programs.init_fn, *init_args)),
@@ -141,15 +140,14 @@ class _Outcome:
     eval_seconds: float
 
 
-def _init_args(config: ml_collections.ConfigDict, plan: RunPlan,
-               programs: _Programs) -> list[Any]:
+def _init_args(plan: RunPlan, programs: _Programs) -> list[Any]:
     """The init program's inputs, global arrays: environment and parameter keys, and the
     agent's hyperparameters (per run, for a sweep). Every process derives the same global keys
     and places its own devices' slices."""
     env_keys, params_keys = _initial_keys(plan.seeds, plan.num_devices, plan.sweep)
     hparams = {}
     for name in programs.hparam_names:
-        values = [r.hparams.get(name, config.agent[name]) for r in plan.runs]
+        values = [r.hparams.get(name, plan.config["agent"][name]) for r in plan.runs]
         shape = (plan.num_devices, plan.num_runs) if plan.sweep else (plan.num_devices,)
         hparams[name] = np.broadcast_to(
             np.asarray(values if plan.sweep else values[0], np.float32), shape)
@@ -545,13 +543,11 @@ def _run_by_run(fn: Callable) -> Callable:
     return by_run
 
 
-def _programs(config: ml_collections.ConfigDict, plan: RunPlan) -> _Programs:
-    """The programs for `config`: from the cache when an earlier call built the same ones
-    (other seeds, or other values of the agent's `sweepable` hyperparameters, recompile
-    nothing: they are inputs), else built now."""
-    env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
-    env = envs_jax.wrap_for_training(env, config.env.max_episode_steps or None)
-    agent = agents.make(config.agent, env.spec())
+def _programs(plan: RunPlan) -> _Programs:
+    """The programs for the plan's config: from the cache when an earlier call built the same
+    ones (other seeds, or other values of the agent's `sweepable` hyperparameters, recompile
+    nothing: they are inputs), else built now from the plan's environment and agent."""
+    env, agent = plan.env, plan.agent
     hparam_names = agent.sweepable if agent.set_hparams is not None else ()
 
     plain = copy.deepcopy(plan.config)
