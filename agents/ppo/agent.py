@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from agents.hparams import LearnerState, init_learner_state, replace_hparams
+from agents.actor_critic import LearnerState, init_learner_state
+from agents.hparams import replace_hparams
 from agents.ppo import losses, networks
 from podracer.agent import Agent
 from podracer.config import ConfigError
@@ -145,7 +146,8 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
                 value.reshape(lead))
 
     def init(key: PRNGKey, spec: EnvSpec = env_spec) -> LearnerState:
-        return init_learner_state(network, optimizer, config, LOSS_HPARAMS, key, spec)
+        return init_learner_state(network, optimizer, {k: config[k] for k in LOSS_HPARAMS},
+                                  key, spec)
 
     def init_actor_state(batch_size: int) -> tuple[()]:
         del batch_size
