@@ -92,11 +92,13 @@ def probe(name: str, config) -> str:
                                          method="prefix")
     reward = np.asarray(muzero.value_to_scalar(reward_logits, a.support_size))
     if a.name == "efficientzero":
-        out = ez.run_search(network, params, states, jax.random.key(0), a,
-                            evaluation=False)
+        out = ez.run_search(network, params, states, jax.random.key(0),
+                            muzero.search_config(a), value_prefix=a.value_prefix,
+                            value_prefix_horizon=a.value_prefix_horizon,
+                            lstm_size=a.lstm_size, evaluation=False)
     else:
-        out = muzero.run_search(network, params, states, jax.random.key(0), a,
-                                evaluation=False)
+        out = muzero.run_search(network, params, states, jax.random.key(0),
+                                muzero.search_config(a), evaluation=False)
     weights = np.asarray(out.action_weights)
     entropy = -np.sum(weights * np.log(np.maximum(weights, 1e-12)), axis=-1).mean()
     line = (f"{name:<14} return {result.final_metrics['episode_return']:.3f}  value error "

@@ -66,7 +66,9 @@ def test_search_rewards_recovered_from_prefixes_match_a_hand_computation():
     network = ez.make_ez_network(config, SPEC)
     observation = jax.random.normal(jax.random.key(1), (2, 6, 4))
     params = perturbed_params(network, jax.random.key(0), observation)
-    out = ez.run_search(network, params, observation, jax.random.key(2), config,
+    out = ez.run_search(network, params, observation, jax.random.key(2),
+                        muzero.search_config(config), value_prefix=config.value_prefix,
+                        value_prefix_horizon=horizon, lstm_size=config.lstm_size,
                         evaluation=True)
     tree = out.search_tree
     parents, actions = np.asarray(tree.parents), np.asarray(tree.action_from_parent)
@@ -173,10 +175,11 @@ def test_consistency_gradient_reaches_only_the_online_branch():
 
 
 def test_td_horizon_shrinks_with_the_age_of_the_data():
-    config = small_config(td_steps=5, td_steps_min=1, td_age_interval=30_000)
     ages = jnp.array([0, 29_999, 30_000, 65_000, 119_999, 10**6])
     # n = clip(5 - floor(age / 30,000), 1, 5).
-    np.testing.assert_array_equal(ez.td_horizon(config, ages), [5, 5, 4, 3, 2, 1])
+    np.testing.assert_array_equal(
+        ez.td_horizon(ages, td_steps=5, td_steps_min=1, td_age_interval=30_000),
+        [5, 5, 4, 3, 2, 1])
 
 
 def test_unroll_targets_with_a_traced_n_match_a_hand_computation():
@@ -468,8 +471,8 @@ def test_online_input_and_consistency_targets_get_separate_augmentation_draws(dr
     # sample for all K targets); "shared" uses one draw for all K+1.
     frames = jnp.asarray(np.random.default_rng(1).uniform(0.2, 1.0, (6, 4, 8, 8, 2)),
                          jnp.float32)  # [S, K+1, H, W, C]
-    config = small_config(augment_shift=0, augment_intensity=0.05, augment_draws=draws)
-    out = np.asarray(ez.augment_unroll(frames, jax.random.key(3), config))
+    out = np.asarray(ez.augment_unroll(frames, jax.random.key(3), shift=0, intensity=0.05,
+                                       draws=draws))
     factors = (out / np.asarray(frames)).reshape(6, 4, -1)
     np.testing.assert_allclose(factors, factors[..., :1].repeat(factors.shape[-1], -1),
                                rtol=1e-5)  # one factor per image
@@ -496,10 +499,11 @@ def test_unroll_gradient_scale_weighs_steps_past_zero_as_the_switch_says(scale):
     actions = jnp.zeros((4, config.unroll_steps), jnp.int32)
 
     def step_one(scale_name):
-        c = small_config(unroll_gradient_scale=scale_name)
-
         def f(params):
-            out = ez.unroll_model(network, params, observation, actions, c)
+            out = ez.unroll_model(network, params, observation, actions,
+                                  value_prefix=config.value_prefix,
+                                  value_prefix_horizon=config.value_prefix_horizon,
+                                  lstm_size=config.lstm_size, gradient_scale=scale_name)
             return (jnp.sum(out.policy_logits[:, 1] ** 2)
                     + jnp.sum(out.reward_logits[:, 2] ** 2))
         return jax.grad(f)(params)
@@ -518,9 +522,10 @@ def test_acting_temperature_follows_the_reference_schedule():
     config = small_config(temperature_decay_updates=1000)
     for updates, expected in [(0, 1.0), (499, 1.0), (500, 0.5), (749, 0.5), (750, 0.25),
                               (5000, 0.25)]:
-        assert float(ez.temperature_at(config, jnp.asarray(updates))) == expected, updates
-    assert float(ez.temperature_at(small_config(temperature_decay_updates=0, temperature=0.7),
-                                   jnp.asarray(10**6))) == pytest.approx(0.7)
+        assert float(ez.temperature_at(jnp.asarray(updates), decay_updates=1000,
+                                       temperature=1.0)) == expected, updates
+    assert float(ez.temperature_at(jnp.asarray(10**6), decay_updates=0,
+                                   temperature=0.7)) == pytest.approx(0.7)
     # The actors receive it with the parameters.
     agent = agents.make(config, SPEC)
     state = agent.init(jax.random.key(0), SPEC).replace(updates=jnp.asarray(600))

@@ -333,8 +333,8 @@ def test_unroll_targets_across_window_edges_a_terminal_and_a_truncation(target_p
         steps, sampleable = muzero.to_replay_steps(trajectory, frames_once=False)
         state = replay.add(state, steps, sampleable)
     sample = replay.sample(state, jax.random.PRNGKey(0), 400, alpha=0.0, beta=1.0)
-    targets = muzero.batch_targets(_ValueIsObservation(), None, sample.windows, None, config,
-                                   history=history)
+    targets = muzero.batch_targets(_ValueIsObservation(), None, sample.windows, None,
+                                   muzero.learn_config(config), history=history)
     tau = np.asarray(sample.windows["observation"])[:, 0, 0] - 10
     # Positions t = 0..6 can be sampled (t + K + n <= 11, the last stored timestep) except
     # the LAST ones, 3: 0, 1, 2, 4, 5, 6.
@@ -454,8 +454,8 @@ def test_reanalyse_moves_policy_targets_to_the_target_networks_search(reanalyse_
         state = replay.add(state, steps, sampleable)
     sample = replay.sample(state, jax.random.PRNGKey(2), 4, alpha=0.0, beta=1.0)
     key = jax.random.PRNGKey(3)
-    targets = muzero.batch_targets(network, params, sample.windows, key, config,
-                                   history=history)
+    targets = muzero.batch_targets(network, params, sample.windows, key,
+                                   muzero.learn_config(config), history=history)
     # Reference: mctx's PUCT search with the target network at o_tau, o_tau+1 (the policy
     # targets) and, for root values, the bootstrap observations o_tau+1, o_tau+2 (n = 1), in
     # one batch.
@@ -573,7 +573,8 @@ def test_reference_search_switches_run_inside_a_batched_search():
     network = muzero.make_network(config, SPEC)
     obs = jax.random.uniform(jax.random.PRNGKey(0), (3, 10, 5))
     params = network.init(jax.random.PRNGKey(1), obs, jnp.zeros((3,), jnp.int32))
-    out = jax.jit(lambda p, o, k: muzero.run_search(network, p, o, k, config,
+    out = jax.jit(lambda p, o, k: muzero.run_search(network, p, o, k,
+                                                    muzero.search_config(config),
                                                     evaluation=False))(
         params, obs, jax.random.PRNGKey(2))
     weights = np.asarray(out.action_weights)

@@ -1,6 +1,8 @@
 """EfficientZero (Ye et al., 2021) on MuZero's package, with SpeedyZero's Priority Refresh and
 Clipped LARS: value prefix, self-supervised consistency, off-policy correction, Reanalyse,
-augmentation. New modules only; MuZero's networks, search, targets and learner are reused."""
+augmentation. New modules only; MuZero's networks, search, targets and learner are reused.
+Static settings are explicit arguments or the frozen `LearnConfig`, which `learn_config`
+builds from the agent's config."""
 
 from agents.efficientzero.agent import (
     LOSS_HPARAMS,
@@ -10,6 +12,7 @@ from agents.efficientzero.agent import (
     SWEEPABLE,
     default_config,
     from_muzero,
+    learn_config,
     make_agent,
     make_optimizer,
     set_hparams,
@@ -17,9 +20,11 @@ from agents.efficientzero.agent import (
     validate,
 )
 from agents.efficientzero.learning import (
+    LearnConfig,
     augment,
     augment_unroll,
     consistency_loss,
+    learner_step,
     learner_update,
     per_step_scale,
     refresh_priorities,
@@ -45,12 +50,15 @@ __all__ = [
     "OWN_SETTINGS",
     "SWEEPABLE",
     "EfficientZeroNetwork",
+    "LearnConfig",
     "augment",
     "augment_unroll",
     "consistency_loss",
     "default_config",
     "from_muzero",
     "initial_carry",
+    "learn_config",
+    "learner_step",
     "learner_update",
     "make_agent",
     "make_ez_network",

@@ -13,6 +13,8 @@ assembled from MuZero's pieces and this package's additions, each behind a switc
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -31,7 +33,7 @@ from agents.muzero.learning import LearnerState
 from podracer import optim
 from podracer.agent import Agent
 from podracer.config import ConfigError
-from podracer.types import Array, EnvSpec, Metrics, PRNGKey, Trajectory
+from podracer.types import Array, EnvSpec
 
 OPTIMIZER_HPARAMS = muzero.OPTIMIZER_HPARAMS
 LOSS_HPARAMS = muzero.LOSS_HPARAMS + ("consistency_cost",)
@@ -114,12 +116,13 @@ def from_muzero(muzero_config: ml_collections.ConfigDict) -> ml_collections.Conf
     return config
 
 
-def temperature_at(config: ml_collections.ConfigDict, updates: Array) -> Array:
-    """[] float32 the acting temperature after `updates` learner updates (see
-    `temperature_decay_updates` in `default_config`)."""
-    total = config.temperature_decay_updates
+def temperature_at(updates: Array, *, decay_updates: int, temperature: float) -> Array:
+    """[] float32 the acting temperature after `updates` learner updates: the reference's
+    schedule over `decay_updates` (`temperature_decay_updates` in `default_config`), or
+    `temperature` throughout when that is 0."""
+    total = decay_updates
     if total <= 0:
-        return jnp.asarray(config.temperature, jnp.float32)
+        return jnp.asarray(temperature, jnp.float32)
     fraction = updates.astype(jnp.float32) / total
     return jnp.where(fraction < 0.5, 1.0, jnp.where(fraction < 0.75, 0.5, 0.25)).astype(
         jnp.float32)
@@ -175,51 +178,50 @@ def validate(config: ml_collections.ConfigDict) -> None:
                           "use refresh_interval >= 0 (0: off) and refresh_batch >= 1")
 
 
+def learn_config(config: ml_collections.ConfigDict) -> learning.LearnConfig:
+    """The learner's static settings: MuZero's (`agents.muzero.learn_config`) and `config`'s
+    EfficientZero fields of the same names."""
+    return learning.LearnConfig(
+        muzero=muzero.learn_config(config), value_prefix=config.value_prefix,
+        value_prefix_horizon=config.value_prefix_horizon, lstm_size=config.lstm_size,
+        consistency=config.consistency, td_steps_min=config.td_steps_min,
+        td_age_interval=config.td_age_interval, augment=config.augment,
+        augment_shift=config.augment_shift, augment_intensity=config.augment_intensity,
+        augment_draws=config.augment_draws, unroll_gradient_scale=config.unroll_gradient_scale,
+        refresh_interval=config.refresh_interval, refresh_batch=config.refresh_batch,
+        rollout_length=config.rollout_length)
+
+
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
+    """Builds the EfficientZero agent for environments with one discrete action per step:
+    its search and `learning.py`'s functions bound to the network, optimiser, replay and
+    settings of `config`."""
     validate(config)
     network: EfficientZeroNetwork = make_ez_network(config, env_spec)
     optimizer = make_optimizer(config)
     replay, example_step, history = muzero.make_replay(
         config, env_spec, extra_fields={"collected_at": jax.ShapeDtypeStruct((), jnp.int32)})
-    frames_once = muzero.stores_frames_once(config, env_spec)
+    search_settings, learn = muzero.search_config(config), learn_config(config)
+    schedule = {"decay_updates": config.temperature_decay_updates,
+                "temperature": config.temperature}
+    loss_hparams = {k: config[k] for k in LOSS_HPARAMS}
 
     # The actors receive the network's parameters and the acting temperature in force.
     actor_params = lambda state: {"network": state.params,
-                                  "temperature": temperature_at(config, state.updates)}
+                                  "temperature": temperature_at(state.updates, **schedule)}
     search = lambda params, observation, key, evaluation: run_search(
-        network, params["network"], observation, key, config, evaluation=evaluation,
-        temperature=params["temperature"])
-    actor_step = muzero.make_actor_step(search)
+        network, params["network"], observation, key, search_settings,
+        value_prefix=learn.value_prefix, value_prefix_horizon=learn.value_prefix_horizon,
+        lstm_size=learn.lstm_size, evaluation=evaluation, temperature=params["temperature"])
     init = lambda key, spec=env_spec: muzero.init_learner_state(
-        network, optimizer, replay, example_step, {k: config[k] for k in LOSS_HPARAMS}, key, spec)
-
-    def learner_step(state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
-                     axis_name: str | None) -> tuple[LearnerState, Metrics]:
-        muzero.check_trajectory(config, state, trajectory)
-        t, b = trajectory.action.shape[:2]
-        devices = 1 if axis_name is None else jax.lax.psum(1, axis_name)
-        steps, sampleable = muzero.to_replay_steps(trajectory, frames_once=frames_once)
-        # The add this trajectory becomes (the replay counts adds): its data's birth date.
-        steps["collected_at"] = jnp.full((t, b), state.replay.adds + 1, jnp.int32)
-        update = lambda s, k: learning.learner_update(
-            network, optimizer, replay, config, s, k, history=history,
-            steps_per_add=t * b * devices, axis_name=axis_name)
-        before = state.updates
-        state, metrics = muzero.learner_step(update, replay, config, state, steps, sampleable,
-                                             key, metric_names=METRIC_NAMES,
-                                             axis_name=axis_name)
-        if config.refresh_interval > 0:
-            due = state.updates // config.refresh_interval > before // config.refresh_interval
-            state = jax.lax.cond(
-                due, lambda s: learning.refresh_priorities(network, replay, config, s,
-                                                           history=history),
-                lambda s: s, state)
-            metrics = {**metrics, "priority_refreshes": due.astype(jnp.float32)}
-        return state, metrics
+        network, optimizer, replay, example_step, loss_hparams, key, spec)
+    learner_step = functools.partial(
+        learning.learner_step, network, optimizer, replay, learn, history=history,
+        frames_once=muzero.stores_frames_once(config, env_spec), metric_names=METRIC_NAMES)
 
     return Agent(
         init=init,
-        actor_step=actor_step,
+        actor_step=muzero.make_actor_step(search),
         learner_step=learner_step,
         init_actor_state=lambda batch_size: (),
         actor_params=actor_params,

@@ -11,16 +11,21 @@
     learner_update         MuZero's sampling, targets (Reanalyse through EfficientZero's search)
                            and gradient step, with the three losses added
     refresh_priorities     Priority Refresh (SpeedyZero): every stored position's |v - z|
+    learner_step           insert a trajectory (with its birth date), MuZero's updates, and
+                           Priority Refresh when due
+
+Static settings are explicit arguments or the frozen `LearnConfig` (MuZero's and these), which
+`make_agent` builds once from the agent's config.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from agents.efficientzero import search as ez_search
@@ -30,7 +35,7 @@ from agents.muzero import losses as mz_losses
 from agents.muzero import targets as tgt
 from agents.muzero.search import value_to_scalar
 from podracer import position_replay as pr
-from podracer.types import Array, Metrics, Params, PRNGKey, StepType
+from podracer.types import Array, Metrics, Params, PRNGKey, StepType, Trajectory
 
 
 def scale_gradient(x: Array, scale: float) -> Array:
@@ -53,12 +58,13 @@ def value_prefix_targets(rewards: Array, horizon: int) -> Array:
     return jnp.where(k == 0, 0.0, running - running[last_reset])
 
 
-def td_horizon(config: ml_collections.ConfigDict, age: Array) -> Array:
+def td_horizon(age: Array, *, td_steps: int, td_steps_min: int, td_age_interval: int
+               ) -> Array:
     """[S] int32 n of each value target: `td_steps` shortened by one for every
     `td_age_interval` environment steps of `age` ([S]), at least `td_steps_min`
     (EfficientZero, Atari 100k: n = clip(5 - floor(age / 30,000), 1, 5))."""
-    n = config.td_steps - age // config.td_age_interval
-    return jnp.clip(n, config.td_steps_min, config.td_steps).astype(jnp.int32)
+    n = td_steps - age // td_age_interval
+    return jnp.clip(n, td_steps_min, td_steps).astype(jnp.int32)
 
 
 def augment(observations: Array, key: PRNGKey, *, shift: int, intensity: float) -> Array:
@@ -100,15 +106,15 @@ def per_step_scale(gradient_scale: str, num_unroll: int) -> float:
     return 1.0
 
 
-def augment_unroll(observations: Array, key: PRNGKey, config: ml_collections.ConfigDict
-                   ) -> Array:
-    """`augment` of a batch's unroll observations `[S, K+1, H, W, C]`. With
-    `config.augment_draws == "separate"` (the reference, `core/train.py: update_weights`) the
-    online input o_0 and the consistency targets o_1..o_K get independent draws (one draw
-    per sample shared by its K targets), so the consistency loss has to see through the
-    augmentation; "shared": one draw per sample for all K+1."""
-    kwargs = {"shift": config.augment_shift, "intensity": config.augment_intensity}
-    if config.augment_draws == "shared":
+def augment_unroll(observations: Array, key: PRNGKey, *, shift: int, intensity: float,
+                   draws: str) -> Array:
+    """`augment` (with `shift` and `intensity`) of a batch's unroll observations
+    `[S, K+1, H, W, C]`. With `draws == "separate"` (the reference, `core/train.py:
+    update_weights`) the online input o_0 and the consistency targets o_1..o_K get
+    independent draws (one draw per sample shared by its K targets), so the consistency loss
+    has to see through the augmentation; "shared": one draw per sample for all K+1."""
+    kwargs = {"shift": shift, "intensity": intensity}
+    if draws == "shared":
         return augment(observations, key, **kwargs)
     online_key, target_key = jax.random.split(key)
     return jnp.concatenate([augment(observations[:, :1], online_key, **kwargs),
@@ -124,17 +130,18 @@ class UnrollOutput:
 
 
 def unroll_model(network: EfficientZeroNetwork, params: Params, observation: Array,
-                 actions: Array, config: ml_collections.ConfigDict) -> UnrollOutput:
+                 actions: Array, *, value_prefix: bool, value_prefix_horizon: int,
+                 lstm_size: int, gradient_scale: str) -> UnrollOutput:
     """MuZero's K-step unroll (half the gradient into each dynamics step) where the reward
-    head is the value-prefix LSTM (reset after every `value_prefix_horizon` steps, as in
-    search) when `config.value_prefix`, and, with `config.unroll_gradient_scale ==
-    "per_step"`, the gradient of every prediction past step 0 is scaled by 1/K (MuZero
-    appendix G)."""
+    head is the value-prefix LSTM (of `lstm_size`, reset after every `value_prefix_horizon`
+    steps, as in search) when `value_prefix`, and, with `gradient_scale == "per_step"`
+    (`unroll_gradient_scale`), the gradient of every prediction past step 0 is scaled by 1/K
+    (MuZero appendix G)."""
     chex.assert_rank(actions, 2)
     num_unroll = actions.shape[1]
-    step_scale = per_step_scale(config.unroll_gradient_scale, num_unroll)
+    step_scale = per_step_scale(gradient_scale, num_unroll)
     latent = network.apply(params, observation, method="represent")
-    carry = initial_carry(observation.shape[0], config.lstm_size)
+    carry = initial_carry(observation.shape[0], lstm_size)
     policies, values, rewards, latents = [], [], [], []
     for k in range(num_unroll + 1):
         policy_logits, value_logits = network.apply(params, latent, method="predict")
@@ -147,9 +154,9 @@ def unroll_model(network: EfficientZeroNetwork, params: Params, observation: Arr
             break
         reward_logits, latent = network.apply(params, latent, actions[:, k], method="dynamics")
         latent = scale_gradient(latent, 0.5)
-        if config.value_prefix:
+        if value_prefix:
             reward_logits, carry = network.apply(params, latent, carry, method="prefix")
-            reset = jnp.full((observation.shape[0],), (k + 1) % config.value_prefix_horizon == 0)
+            reset = jnp.full((observation.shape[0],), (k + 1) % value_prefix_horizon == 0)
             carry = reset_carry(carry, reset)
         rewards.append(scale_gradient(reward_logits, step_scale))
         latents.append(latent)
@@ -193,8 +200,31 @@ def same_episode(step_types: Array, num_unroll: int) -> Array:
     return (jnp.cumsum(last, axis=1) == 0).astype(jnp.float32)
 
 
+@dataclasses.dataclass(frozen=True)
+class LearnConfig:
+    """The static settings of EfficientZero's learner: MuZero's (`muzero`) and the agent
+    config's EfficientZero fields of the same names (its `default_config` documents each),
+    built once by `make_agent`."""
+
+    muzero: mz.LearnConfig
+    value_prefix: bool
+    value_prefix_horizon: int
+    lstm_size: int
+    consistency: bool
+    td_steps_min: int
+    td_age_interval: int  # 0: n = td_steps always
+    augment: bool
+    augment_shift: int
+    augment_intensity: float
+    augment_draws: str  # "separate" | "shared"
+    unroll_gradient_scale: str  # "whole" | "per_step"
+    refresh_interval: int  # 0: no Priority Refresh
+    refresh_batch: int
+    rollout_length: int  # T of the trajectories, the positions each stored window owns
+
+
 def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTransformation,
-                   replay: pr.PositionReplay, config: ml_collections.ConfigDict,
+                   replay: pr.PositionReplay, learn: LearnConfig,
                    state: mz.LearnerState, key: PRNGKey, *, history: int,
                    steps_per_add: Array | int, axis_name: str | None
                    ) -> tuple[mz.LearnerState, Metrics]:
@@ -202,50 +232,60 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
     value-prefix targets, the consistency loss, n shortened by the data's age (its
     environment steps: replay adds since it was stored times `steps_per_add`), Reanalyse
     through EfficientZero's search and augmented images."""
+    base = learn.muzero  # MuZero's settings
     sample_key, reanalyse_key, augment_key = jax.random.split(key, 3)
     hp = state.hparams
-    k = config.unroll_steps
-    sample = mz.sample_positions(replay, config, state, sample_key)
+    k = base.unroll_steps
+    sample = mz.sample_positions(replay, state, sample_key, batch_size=base.batch_size,
+                                 importance_anneal_updates=base.importance_anneal_updates)
     windows = sample.windows
     n = None
-    if config.td_age_interval > 0:
+    if learn.td_age_interval > 0:
         age = (state.replay.adds - windows["collected_at"][:, history]) * steps_per_add
-        n = td_horizon(config, age)
-    search = functools.partial(_reanalyse_search, network, config)
-    targets = mz.batch_targets(network, state.target_params, windows, reanalyse_key, config,
+        n = td_horizon(age, td_steps=base.td_steps, td_steps_min=learn.td_steps_min,
+                       td_age_interval=learn.td_age_interval)
+    search = functools.partial(_reanalyse_search, network, learn)
+    targets = mz.batch_targets(network, state.target_params, windows, reanalyse_key, base,
                                history=history, n=n, search=search)
-    if config.value_prefix:
+    if learn.value_prefix:
         targets = targets.replace(reward=jax.vmap(functools.partial(
-            value_prefix_targets, horizon=config.value_prefix_horizon))(targets.reward))
-    s = config.batch_size
+            value_prefix_targets, horizon=learn.value_prefix_horizon))(targets.reward))
+    s = base.batch_size
     steps = jnp.broadcast_to(jnp.arange(k + 1), (s, k + 1))
     observations = mz.observations_at(windows, history + steps, history=history)
     # Shifts are a prior for convolutions over real images; an MLP reading a small grid
     # (MinAtar's 10x10) would see a different input for the same state.
-    if config.augment and observations.ndim == 5 and network.muzero.kind != "mlp":
-        observations = augment_unroll(observations, augment_key, config)
+    if learn.augment and observations.ndim == 5 and network.muzero.kind != "mlp":
+        observations = augment_unroll(observations, augment_key, shift=learn.augment_shift,
+                                      intensity=learn.augment_intensity,
+                                      draws=learn.augment_draws)
     actions = windows["action"][:, history:history + k]
     mask = same_episode(windows["step_type"][:, history:].astype(jnp.int32), k)
-    step_scale = per_step_scale(config.unroll_gradient_scale, k)
+    step_scale = per_step_scale(learn.unroll_gradient_scale, k)
 
     def loss_fn(params):
-        out = unroll_model(network, params, observations[:, 0], actions, config)
+        out = unroll_model(network, params, observations[:, 0], actions,
+                           value_prefix=learn.value_prefix,
+                           value_prefix_horizon=learn.value_prefix_horizon,
+                           lstm_size=learn.lstm_size, gradient_scale=learn.unroll_gradient_scale)
         per_example = jax.vmap(functools.partial(
-            mz_losses.unroll_loss, support_size=config.support_size,
+            mz_losses.unroll_loss, support_size=base.support_size,
             value_cost=hp["value_cost"]))(out.policy_logits, out.value_logits,
                                           out.reward_logits, targets)
         consistency = jnp.zeros((s,), jnp.float32)
-        if config.consistency and k:
+        if learn.consistency and k:
             consistency = consistency_loss(network, params, out.latents, observations[:, 1:],
                                            mask, step_scale=step_scale) / (k + 1)
         total = per_example.loss + hp["consistency_cost"] * consistency
-        value = value_to_scalar(out.value_logits[:, 0], config.support_size)
+        value = value_to_scalar(out.value_logits[:, 0], base.support_size)
         return jnp.mean(sample.weights * total), (jnp.abs(value - targets.value[:, 0]),
                                                   per_example, consistency)
 
     grads, (priorities, per_example, consistency) = jax.grad(loss_fn, has_aux=True)(
         state.params)
-    new_state = mz.apply_gradients(optimizer, config, state, grads, axis_name=axis_name)
+    new_state = mz.apply_gradients(optimizer, state, grads,
+                                   target_update_interval=base.target_update_interval,
+                                   axis_name=axis_name)
     metrics = {
         "loss": jnp.mean(sample.weights * (per_example.loss
                                            + hp["consistency_cost"] * consistency)),
@@ -255,21 +295,24 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
         "consistency_loss": jnp.mean(consistency),
         "grad_norm": optax.tree.norm(grads),
         "mean_priority": jnp.mean(priorities),
-        "importance_exponent": mz.sample_beta(config, state),
-        "td_steps": jnp.mean(n) if n is not None else jnp.float32(config.td_steps),
+        "importance_exponent": mz.sample_beta(state, base.importance_anneal_updates),
+        "td_steps": jnp.mean(n) if n is not None else jnp.float32(base.td_steps),
     }
     new_state = new_state.replace(
         replay=replay.update(state.replay, sample.slots, sample.positions, priorities))
     return new_state, metrics
 
 
-def _reanalyse_search(network, config, params, observation, key):
-    return ez_search.run_search(network, params, observation, key, config, evaluation=False)
+def _reanalyse_search(network, learn: LearnConfig, params, observation, key):
+    return ez_search.run_search(network, params, observation, key,
+                                learn.muzero.reanalyse_search, value_prefix=learn.value_prefix,
+                                value_prefix_horizon=learn.value_prefix_horizon,
+                                lstm_size=learn.lstm_size, evaluation=False)
 
 
 def window_priorities(network: EfficientZeroNetwork, params: Params, target_params: Params,
-                      windows: dict, config: ml_collections.ConfigDict, *, history: int,
-                      period: int) -> Array:
+                      windows: dict, *, support_size: int, td_steps: int, discount: float,
+                      history: int, period: int) -> Array:
     """[b, T] |v(o_u) - z_u| of the T positions each stored window ([b, L, ...]) owns: v from
     `params`, z the `td_steps`-step target bootstrapping from `target_params`' values."""
     length = windows["step_type"].shape[1]
@@ -281,22 +324,55 @@ def window_priorities(network: EfficientZeroNetwork, params: Params, target_para
     def values(p):
         latent = network.apply(p, flat, method="represent")
         _, value_logits = network.apply(p, latent, method="predict")
-        return value_to_scalar(value_logits, config.support_size).reshape(where.shape)
+        return value_to_scalar(value_logits, support_size).reshape(where.shape)
 
     ahead = jax.tree.map(lambda x: x[:, history:], windows)
-    z = jax.vmap(functools.partial(tgt.n_step_values, n=config.td_steps,
-                                   discount=config.discount))(
+    z = jax.vmap(functools.partial(tgt.n_step_values, n=td_steps, discount=discount))(
         ahead["reward"], ahead["discount"], ahead["step_type"].astype(jnp.int32),
         values(target_params))
     return jnp.abs(values(params) - z)[:, :period]
 
 
 def refresh_priorities(network: EfficientZeroNetwork, replay: pr.PositionReplay,
-                       config: ml_collections.ConfigDict, state: mz.LearnerState, *,
+                       learn: LearnConfig, state: mz.LearnerState, *,
                        history: int) -> mz.LearnerState:
     """Priority Refresh (SpeedyZero): every stored position's priority recomputed with the
-    current networks, `config.refresh_batch` windows at a time."""
-    period = config.rollout_length
+    current networks, `learn.refresh_batch` windows at a time."""
+    period = learn.rollout_length
     fn = functools.partial(window_priorities, network, state.params, state.target_params,
-                           config=config, history=history, period=period)
-    return state.replace(replay=replay.refresh(state.replay, fn, config.refresh_batch))
+                           support_size=learn.muzero.support_size,
+                           td_steps=learn.muzero.td_steps, discount=learn.muzero.discount,
+                           history=history, period=period)
+    return state.replace(replay=replay.refresh(state.replay, fn, learn.refresh_batch))
+
+
+def learner_step(network: EfficientZeroNetwork, optimizer: optax.GradientTransformation,
+                 replay: pr.PositionReplay, learn: LearnConfig, state: mz.LearnerState,
+                 trajectory: Trajectory, key: PRNGKey, *, history: int, frames_once: bool,
+                 metric_names: tuple[str, ...], axis_name: str | None
+                 ) -> tuple[mz.LearnerState, Metrics]:
+    """`Agent.learner_step`: the trajectory's timesteps into the replay, each stamped with the
+    add it arrives in (its data's birth date, for `td_horizon`), then MuZero's
+    `learner_step` of `learner_update`s, then Priority Refresh when `learn.refresh_interval`
+    updates have passed since the last (`priority_refreshes`: 1 when it ran)."""
+    mz.check_trajectory(state, trajectory, rollout_length=learn.rollout_length)
+    t, b = trajectory.action.shape[:2]
+    devices = 1 if axis_name is None else jax.lax.psum(1, axis_name)
+    steps, sampleable = mz.to_replay_steps(trajectory, frames_once=frames_once)
+    # The add this trajectory becomes (the replay counts adds): its data's birth date.
+    steps["collected_at"] = jnp.full((t, b), state.replay.adds + 1, jnp.int32)
+    update = lambda s, k: learner_update(
+        network, optimizer, replay, learn, s, k, history=history,
+        steps_per_add=t * b * devices, axis_name=axis_name)
+    before = state.updates
+    state, metrics = mz.learner_step(update, replay, state, steps, sampleable, key,
+                                     updates_per_step=learn.muzero.updates_per_step,
+                                     min_replay_items=learn.muzero.min_replay_items,
+                                     metric_names=metric_names, axis_name=axis_name)
+    if learn.refresh_interval > 0:
+        due = state.updates // learn.refresh_interval > before // learn.refresh_interval
+        state = jax.lax.cond(
+            due, lambda s: refresh_priorities(network, replay, learn, s, history=history),
+            lambda s: s, state)
+        metrics = {**metrics, "priority_refreshes": due.astype(jnp.float32)}
+    return state, metrics

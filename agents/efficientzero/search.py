@@ -14,36 +14,39 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import mctx
-import ml_collections
 
 from agents.efficientzero.networks import EfficientZeroNetwork, initial_carry, reset_carry
-from agents.muzero.search import search_with, value_to_scalar
+from agents.muzero.search import SearchConfig, search_with, value_to_scalar
 from podracer.types import Array, Params, PRNGKey
 
 
-def root_output(network: EfficientZeroNetwork, params: Params, observation: Array,
-                config: ml_collections.ConfigDict) -> mctx.RootFnOutput:
+def root_output(network: EfficientZeroNetwork, params: Params, observation: Array, *,
+                support_size: int, lstm_size: int) -> mctx.RootFnOutput:
+    """The search root of each observation `[B, ...]`: h(o), f's prior and value, and the
+    embedding of a reset point (a zero LSTM state of `lstm_size` and prefix, depth 0)."""
     latent = network.apply(params, observation, method="represent")
     prior_logits, value_logits = network.apply(params, latent, method="predict")
     b = observation.shape[0]
-    embedding = {"latent": latent, "carry": initial_carry(b, config.lstm_size),
+    embedding = {"latent": latent, "carry": initial_carry(b, lstm_size),
                  "prefix": jnp.zeros((b,), jnp.float32), "depth": jnp.zeros((b,), jnp.int32)}
     return mctx.RootFnOutput(prior_logits=prior_logits,
-                             value=value_to_scalar(value_logits, config.support_size),
+                             value=value_to_scalar(value_logits, support_size),
                              embedding=embedding)
 
 
-def make_recurrent_fn(network: EfficientZeroNetwork, config: ml_collections.ConfigDict):
-    """mctx's `recurrent_fn` for EfficientZero's model (see the module docstring); with
-    `config.value_prefix` off, MuZero's per-step reward head gives the rewards."""
-    support, horizon = config.support_size, config.value_prefix_horizon
+def make_recurrent_fn(network: EfficientZeroNetwork, *, support_size: int, discount: float,
+                      value_prefix: bool, value_prefix_horizon: int):
+    """mctx's `recurrent_fn` for EfficientZero's model (see the module docstring), the LSTM
+    reset every `value_prefix_horizon` steps; with `value_prefix` off, MuZero's per-step
+    reward head gives the rewards."""
+    support, horizon = support_size, value_prefix_horizon
 
     def recurrent_fn(params, key, action, embedding):
         del key
         reward_logits, latent = network.apply(params, embedding["latent"], action,
                                               method="dynamics")
         depth = embedding["depth"] + 1
-        if config.value_prefix:
+        if value_prefix:
             prefix_logits, carry = network.apply(params, latent, embedding["carry"],
                                                  method="prefix")
             prefix = value_to_scalar(prefix_logits, support)
@@ -57,7 +60,7 @@ def make_recurrent_fn(network: EfficientZeroNetwork, config: ml_collections.Conf
         prior_logits, value_logits = network.apply(params, latent, method="predict")
         output = mctx.RecurrentFnOutput(
             reward=reward,
-            discount=jnp.full(action.shape, config.discount, jnp.float32),
+            discount=jnp.full(action.shape, discount, jnp.float32),
             prior_logits=prior_logits,
             value=value_to_scalar(value_logits, support),
         )
@@ -67,11 +70,16 @@ def make_recurrent_fn(network: EfficientZeroNetwork, config: ml_collections.Conf
 
 
 def run_search(network: EfficientZeroNetwork, params: Params, observation: Array,
-               key: PRNGKey, config: ml_collections.ConfigDict, *,
-               evaluation: bool, temperature: Array | float | None = None
-               ) -> mctx.PolicyOutput:
+               key: PRNGKey, search_config: SearchConfig, *, value_prefix: bool,
+               value_prefix_horizon: int, lstm_size: int, evaluation: bool,
+               temperature: Array | float | None = None) -> mctx.PolicyOutput:
     """One batched search from `observation` ([B, ...]), MuZero's `search_with` on
-    EfficientZero's model (`temperature`: the acting temperature, None for the config's)."""
-    root = root_output(network, params, observation, config)
-    return search_with(root, make_recurrent_fn(network, config), params, key, config,
+    EfficientZero's model (`value_prefix`, `value_prefix_horizon` and `lstm_size` as in the
+    agent's config; `temperature`: the acting temperature, None for `search_config`'s)."""
+    root = root_output(network, params, observation, support_size=search_config.support_size,
+                       lstm_size=lstm_size)
+    recurrent_fn = make_recurrent_fn(
+        network, support_size=search_config.support_size, discount=search_config.discount,
+        value_prefix=value_prefix, value_prefix_horizon=value_prefix_horizon)
+    return search_with(root, recurrent_fn, params, key, search_config,
                        evaluation=evaluation, temperature=temperature)

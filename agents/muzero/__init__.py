@@ -2,7 +2,9 @@
 
 The pieces are top-level pure functions that another agent (EfficientZero) imports:
 networks, search (`make_recurrent_fn`, `run_search`), targets, losses and the learner update;
-`make_agent` assembles them.
+their static settings are explicit arguments or the frozen `SearchConfig` and `LearnConfig`,
+which `search_config` and `learn_config` build from the agent's config. `make_agent`
+assembles them.
 """
 
 from agents.muzero.agent import (
@@ -11,21 +13,24 @@ from agents.muzero.agent import (
     OPTIMIZER_HPARAMS,
     SWEEPABLE,
     check_choices,
-    check_trajectory,
     default_config,
     init_learner_state,
+    learn_config,
     make_actor_step,
     make_agent,
     make_optimizer,
     make_replay,
+    search_config,
     set_hparams,
     stores_frames_once,
     validate,
 )
 from agents.muzero.learning import (
+    LearnConfig,
     LearnerState,
     apply_gradients,
     batch_targets,
+    check_trajectory,
     importance_exponent,
     learner_step,
     learner_update,
@@ -39,6 +44,7 @@ from agents.muzero.networks import MuZeroNetwork, make_network, normalise_latent
 from agents.muzero.search import (
     Q_TRANSFORMS,
     UNVISITED_Q,
+    SearchConfig,
     make_recurrent_fn,
     mean_q,
     qtransform,
@@ -67,9 +73,11 @@ __all__ = [
     "Q_TRANSFORMS",
     "SWEEPABLE",
     "UNVISITED_Q",
+    "LearnConfig",
     "LearnerState",
     "LossOutput",
     "MuZeroNetwork",
+    "SearchConfig",
     "UnrollOutput",
     "UnrollTargets",
     "apply_gradients",
@@ -81,6 +89,7 @@ __all__ = [
     "frame_stack",
     "importance_exponent",
     "init_learner_state",
+    "learn_config",
     "learner_step",
     "learner_update",
     "make_actor_step",
@@ -100,6 +109,7 @@ __all__ = [
     "sample_beta",
     "sample_positions",
     "scalar_to_probs",
+    "search_config",
     "search_with",
     "set_hparams",
     "stack_restarts",

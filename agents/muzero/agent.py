@@ -21,9 +21,9 @@ import optax
 
 from agents.hparams import replace_hparams
 from agents.muzero import learning
-from agents.muzero.learning import LearnerState
+from agents.muzero.learning import LearnConfig, LearnerState
 from agents.muzero.networks import MuZeroNetwork, make_network
-from agents.muzero.search import Q_TRANSFORMS, UNVISITED_Q, run_search
+from agents.muzero.search import Q_TRANSFORMS, UNVISITED_Q, SearchConfig, run_search
 from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
 from podracer.agent import Agent
@@ -170,25 +170,31 @@ def make_replay(config: ml_collections.ConfigDict, env_spec: EnvSpec, *,
     return replay, example, history
 
 
-def check_trajectory(config: ml_collections.ConfigDict, state: LearnerState,
-                     trajectory: Trajectory) -> None:
-    """Raises `ConfigError` when the runner's trajectories do not fit the replay: another T
-    than `agent.rollout_length`, or more environments per device than it has windows."""
-    t, b = trajectory.action.shape[:2]
-    if t != config.rollout_length:
-        raise ConfigError(
-            "agent.rollout_length",
-            f"is {config.rollout_length} but the runner sends trajectories of T={t}",
-            "tie them: config.agent.rollout_length = config.get_ref('rollout_length')",
-        )
-    windows = state.replay.sampleable.shape[0]
-    if b > windows:
-        raise ConfigError(
-            "agent.replay_capacity",
-            f"holds {windows} windows of {t} positions, fewer than the {b} environments "
-            "each learner device receives",
-            f"use at least {b * t} positions",
-        )
+def search_config(config: ml_collections.ConfigDict) -> SearchConfig:
+    """The search's settings: `config`'s fields of the same names."""
+    return SearchConfig(
+        search=config.search, num_simulations=config.num_simulations,
+        support_size=config.support_size, discount=config.discount,
+        dirichlet_alpha=config.dirichlet_alpha, dirichlet_fraction=config.dirichlet_fraction,
+        temperature=config.temperature, q_transform=config.q_transform,
+        unvisited_q=config.unvisited_q,
+        max_num_considered_actions=config.max_num_considered_actions,
+        gumbel_scale=config.gumbel_scale)
+
+
+def learn_config(config: ml_collections.ConfigDict) -> LearnConfig:
+    """The learner's static settings: `config`'s fields of the same names, and the search
+    Reanalyse runs (`search_config`)."""
+    return LearnConfig(
+        unroll_steps=config.unroll_steps, td_steps=config.td_steps, discount=config.discount,
+        support_size=config.support_size, batch_size=config.batch_size,
+        target_positions=config.target_positions,
+        reanalyse_fraction=config.reanalyse_fraction, reanalyse_value=config.reanalyse_value,
+        past_end_targets=config.past_end_targets,
+        importance_anneal_updates=config.importance_anneal_updates,
+        target_update_interval=config.target_update_interval,
+        updates_per_step=config.updates_per_step, min_replay_items=config.min_replay_items,
+        reanalyse_search=search_config(config))
 
 
 def make_actor_step(search):
@@ -239,25 +245,33 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
+    """Builds the MuZero agent for environments with one discrete action per step: the search
+    and `learning.py`'s functions bound to the network, optimiser, replay and settings of
+    `config`."""
     validate(config)
     network: MuZeroNetwork = make_network(config, env_spec)
     optimizer = make_optimizer(config)
     replay, example_step, history = make_replay(config, env_spec)
     frames_once = stores_frames_once(config, env_spec)
+    search_settings, learn = search_config(config), learn_config(config)
+    rollout_length = config.rollout_length
+    loss_hparams = {k: config[k] for k in LOSS_HPARAMS}
 
     search = lambda params, observation, key, evaluation: run_search(
-        network, params, observation, key, config, evaluation=evaluation)
+        network, params, observation, key, search_settings, evaluation=evaluation)
     actor_step = make_actor_step(search)
     init = lambda key, spec=env_spec: init_learner_state(
-        network, optimizer, replay, example_step, {k: config[k] for k in LOSS_HPARAMS}, key, spec)
+        network, optimizer, replay, example_step, loss_hparams, key, spec)
 
     def learner_step(state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
                      axis_name: str | None) -> tuple[LearnerState, Metrics]:
-        check_trajectory(config, state, trajectory)
+        learning.check_trajectory(state, trajectory, rollout_length=rollout_length)
         steps, sampleable = learning.to_replay_steps(trajectory, frames_once=frames_once)
-        update = lambda s, k: learning.learner_update(network, optimizer, replay, config, s, k,
+        update = lambda s, k: learning.learner_update(network, optimizer, replay, learn, s, k,
                                                       history=history, axis_name=axis_name)
-        return learning.learner_step(update, replay, config, state, steps, sampleable, key,
+        return learning.learner_step(update, replay, state, steps, sampleable, key,
+                                     updates_per_step=learn.updates_per_step,
+                                     min_replay_items=learn.min_replay_items,
                                      metric_names=METRIC_NAMES, axis_name=axis_name)
 
     return Agent(

@@ -1,9 +1,11 @@
 """MuZero's learning as top-level pure functions over a batch of sampled positions.
 
-Each function takes the pieces it uses (network, optimiser, replay, the agent's config for
-static sizes, hyperparameters held in the learner state for the sweepable ones), so another
-agent (EfficientZero) can call them, or replace one, without copying the rest:
+Each function takes the pieces it uses (network, optimiser, replay, static settings as
+explicit arguments or a frozen `LearnConfig`, hyperparameters held in the learner state for
+the sweepable ones), so another agent (EfficientZero) can call them, or replace one, without
+copying the rest:
 
+    check_trajectory   the runner's trajectories fit the replay
     to_replay_steps    trajectory [T+1, B] -> the T new timesteps the replay stores
     observations_at    sampled windows -> observations at given window indices
     batch_targets      the target network (and Reanalyse) at the positions the batch uses
@@ -15,20 +17,21 @@ agent (EfficientZero) can call them, or replace one, without copying the rest:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from agents.muzero import losses
 from agents.muzero import targets as tgt
 from agents.muzero.networks import MuZeroNetwork
-from agents.muzero.search import run_search, value_to_scalar
+from agents.muzero.search import SearchConfig, run_search, value_to_scalar
 from podracer import position_replay as pr
+from podracer.config import ConfigError
 from podracer.types import Array, Metrics, Params, PRNGKey, StepType, Trajectory
 
 
@@ -40,6 +43,49 @@ class LearnerState:
     replay: pr.PositionReplayState
     updates: Array  # [] int32 learner updates applied so far
     hparams: dict[str, Array]  # {name: [] float32} the loss's and replay's hyperparameters
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnConfig:
+    """The static settings of MuZero's learner: the agent config's fields of the same names
+    (MuZero's `default_config` documents each), built once by `make_agent`."""
+
+    unroll_steps: int  # K
+    td_steps: int  # n of the n-step value targets
+    discount: float
+    support_size: int
+    batch_size: int  # sampled positions per update (per device)
+    target_positions: str  # "bootstrap" | "window"
+    reanalyse_fraction: float
+    reanalyse_value: str  # "target_network" | "root"
+    past_end_targets: str  # "masked" | "absorbing"
+    importance_anneal_updates: int
+    target_update_interval: int
+    updates_per_step: int
+    min_replay_items: int
+    reanalyse_search: SearchConfig  # the search Reanalyse runs (the acting one)
+
+
+def check_trajectory(state: LearnerState, trajectory: Trajectory, *,
+                     rollout_length: int) -> None:
+    """Raises `ConfigError` when the runner's trajectories do not fit the replay: another T
+    than `rollout_length` (`agent.rollout_length`), or more environments per device than it
+    has windows."""
+    t, b = trajectory.action.shape[:2]
+    if t != rollout_length:
+        raise ConfigError(
+            "agent.rollout_length",
+            f"is {rollout_length} but the runner sends trajectories of T={t}",
+            "tie them: config.agent.rollout_length = config.get_ref('rollout_length')",
+        )
+    windows = state.replay.sampleable.shape[0]
+    if b > windows:
+        raise ConfigError(
+            "agent.replay_capacity",
+            f"holds {windows} windows of {t} positions, fewer than the {b} environments "
+            "each learner device receives",
+            f"use at least {b * t} positions",
+        )
 
 
 def to_replay_steps(trajectory: Trajectory, *, frames_once: bool) -> tuple[dict, Array]:
@@ -79,63 +125,64 @@ def observations_at(windows: dict, indices: Array, *, history: int) -> Array:
 
 
 def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, key: PRNGKey,
-                  config: ml_collections.ConfigDict, *, history: int, n: Array | None = None,
+                  learn: LearnConfig, *, history: int, n: Array | None = None,
                   search: Callable | None = None) -> tgt.UnrollTargets:
     """`unroll_targets` of a batch of sampled windows (leaves [S, H + K + n + 1, ...], the
     position at index H), leaves [S, K+1, ...].
 
     The target network evaluates only the K+1 observations each target bootstraps from
-    (`config.target_positions == "bootstrap"`); "window" evaluates (and Reanalyse searches)
+    (`learn.target_positions == "bootstrap"`); "window" evaluates (and Reanalyse searches)
     all K + n + 1 and picks those, the width of computing targets for whole windows, kept to
     measure the saving.
     Reanalyse (the first `round(reanalyse_fraction * S)` samples) searches with the target
-    network at the K+1 unroll positions (policy targets); with `config.reanalyse_value ==
+    network at the K+1 unroll positions (policy targets); with `learn.reanalyse_value ==
     "root"` also at the bootstrap positions, whose root values replace the target network's
     estimates ("target_network", the default, keeps those: EfficientZero's reference with
     `use_root_value=False`, and MuZero Reanalyse). `key` is consumed by that search.
 
-    `n` ([S] int32, each at most `config.td_steps`) shortens each sample's n-step horizon
-    (EfficientZero's off-policy correction); None: `config.td_steps` for all. `search`
-    (params, observations [B, ...], key) -> `mctx.PolicyOutput` replaces MuZero's search for
-    Reanalyse (an agent with another model, e.g. EfficientZero's value prefix)."""
+    `n` ([S] int32, each at most `learn.td_steps`) shortens each sample's n-step horizon
+    (EfficientZero's off-policy correction); None: `learn.td_steps` for all. `search`
+    (params, observations [B, ...], key) -> `mctx.PolicyOutput` replaces MuZero's search
+    (`run_search` with `learn.reanalyse_search`) for Reanalyse (an agent with another model,
+    e.g. EfficientZero's value prefix)."""
     if search is None:
-        search = lambda params, obs, key: run_search(network, params, obs, key, config,
-                                                     evaluation=False)
-    k1 = config.unroll_steps + 1
+        search = lambda params, obs, key: run_search(network, params, obs, key,
+                                                     learn.reanalyse_search, evaluation=False)
+    k1 = learn.unroll_steps + 1
     s = windows["step_type"].shape[0]
     ahead = jax.tree.map(lambda x: x[:, history:], windows)
     step_types = ahead["step_type"].astype(jnp.int32)  # [S, K+n+1]
 
     def horizon(n_i):  # one static n, or each sample's traced n (None is an empty pytree)
-        return {"n": config.td_steps} if n_i is None else {"n": n_i, "max_n": config.td_steps}
+        return {"n": learn.td_steps} if n_i is None else {"n": n_i, "max_n": learn.td_steps}
 
     boot = jax.vmap(lambda st, n_i: tgt.bootstrap_indices(
-        st, num_unroll=config.unroll_steps, **horizon(n_i)))(step_types, n)  # [S, K+1]
+        st, num_unroll=learn.unroll_steps, **horizon(n_i)))(step_types, n)  # [S, K+1]
 
     def values(obs):  # [S', M, ...] -> [S', M]
         flat = obs.reshape((-1,) + obs.shape[2:])
         latent = network.apply(target_params, flat, method="represent")
         _, value_logits = network.apply(target_params, latent, method="predict")
-        return value_to_scalar(value_logits, config.support_size).reshape(obs.shape[:2])
+        return value_to_scalar(value_logits, learn.support_size).reshape(obs.shape[:2])
 
-    if config.target_positions == "window":
+    if learn.target_positions == "window":
         everywhere = jnp.broadcast_to(jnp.arange(step_types.shape[1]), step_types.shape)
         boot_values = jnp.take_along_axis(
             values(observations_at(windows, history + everywhere, history=history)), boot, axis=1)
-    elif config.target_positions == "bootstrap":
+    elif learn.target_positions == "bootstrap":
         boot_values = values(observations_at(windows, history + boot, history=history))
     else:
-        raise ValueError(f"agent.target_positions={config.target_positions!r}: use "
+        raise ValueError(f"agent.target_positions={learn.target_positions!r}: use "
                          "'bootstrap' or 'window'.")
     policies = ahead["policy"]
-    num_reanalyse = round(config.reanalyse_fraction * s)
-    by_root = config.reanalyse_value == "root"
+    num_reanalyse = round(learn.reanalyse_fraction * s)
+    by_root = learn.reanalyse_value == "root"
     if num_reanalyse:
         # REANALYSE: fresh searches with the target network.
         sub = jax.tree.map(lambda x: x[:num_reanalyse], windows)
         if not by_root:  # policies only: the unroll positions
             where = jnp.broadcast_to(jnp.arange(k1), (num_reanalyse, k1))
-        elif config.target_positions == "window":
+        elif learn.target_positions == "window":
             where = jnp.broadcast_to(jnp.arange(step_types.shape[1]),
                                      (num_reanalyse, step_types.shape[1]))
         else:  # the unroll positions, then the bootstrap positions
@@ -147,14 +194,14 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
         root_values = out.search_tree.summary().value.reshape(where.shape)
         policies = policies.at[:num_reanalyse, :k1].set(searched[:, :k1])
         if by_root:
-            if config.target_positions == "window":
+            if learn.target_positions == "window":
                 root_values = jnp.take_along_axis(root_values, boot[:num_reanalyse], axis=1)
             else:
                 root_values = root_values[:, k1:]
             boot_values = boot_values.at[:num_reanalyse].set(root_values)
     targets = jax.vmap(lambda r, d, st, pi, v, n_i: tgt.unroll_targets(
-        r, d, st, pi, v, num_unroll=config.unroll_steps, discount=config.discount,
-        past_end=config.past_end_targets, **horizon(n_i)))(
+        r, d, st, pi, v, num_unroll=learn.unroll_steps, discount=learn.discount,
+        past_end=learn.past_end_targets, **horizon(n_i)))(
             ahead["reward"], ahead["discount"], step_types, policies, boot_values, n)
     return jax.lax.stop_gradient(targets)
 
@@ -168,28 +215,28 @@ def importance_exponent(beta0: Array, updates: Array, anneal_updates: int) -> Ar
     return beta0 + (1.0 - beta0) * fraction
 
 
-def sample_positions(replay: pr.PositionReplay, config: ml_collections.ConfigDict,
-                     state: LearnerState, key: PRNGKey) -> pr.PositionSample:
-    """`config.batch_size` positions drawn with the learner state's priority exponent and the
-    importance exponent annealed to the current update."""
+def sample_positions(replay: pr.PositionReplay, state: LearnerState, key: PRNGKey, *,
+                     batch_size: int, importance_anneal_updates: int) -> pr.PositionSample:
+    """`batch_size` positions drawn with the learner state's priority exponent and the
+    importance exponent annealed to the current update over `importance_anneal_updates`."""
     hp = state.hparams
     beta = importance_exponent(hp["importance_exponent"], state.updates,
-                               config.importance_anneal_updates)
-    return replay.sample(state.replay, key, config.batch_size, alpha=hp["priority_exponent"],
+                               importance_anneal_updates)
+    return replay.sample(state.replay, key, batch_size, alpha=hp["priority_exponent"],
                          beta=beta)
 
 
-def apply_gradients(optimizer: optax.GradientTransformation, config: ml_collections.ConfigDict,
-                    state: LearnerState, grads: Params, *, axis_name: str | None
+def apply_gradients(optimizer: optax.GradientTransformation, state: LearnerState,
+                    grads: Params, *, target_update_interval: int, axis_name: str | None
                     ) -> LearnerState:
     """The optimiser step on gradients averaged over `axis_name`, the update count, and the
-    target network copied every `config.target_update_interval` updates."""
+    target network copied every `target_update_interval` updates."""
     if axis_name is not None:
         grads = jax.lax.pmean(grads, axis_name)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     count = state.updates + 1
-    copy = count % config.target_update_interval == 0
+    copy = count % target_update_interval == 0
     target_params = jax.tree.map(lambda new, old: jnp.where(copy, new, old), params,
                                  state.target_params)
     return state.replace(params=params, target_params=target_params, opt_state=opt_state,
@@ -197,69 +244,73 @@ def apply_gradients(optimizer: optax.GradientTransformation, config: ml_collecti
 
 
 def learner_update(network: MuZeroNetwork, optimizer: optax.GradientTransformation,
-                   replay: pr.PositionReplay, config: ml_collections.ConfigDict,
+                   replay: pr.PositionReplay, learn: LearnConfig,
                    state: LearnerState, key: PRNGKey, *, history: int,
                    axis_name: str | None) -> tuple[LearnerState, Metrics]:
-    """One update on `config.batch_size` positions sampled from `state.replay`: targets,
+    """One update on `learn.batch_size` positions sampled from `state.replay`: targets,
     the K-step unrolled loss weighted by importance weights, a gradient step (gradients
     averaged over `axis_name`), the periodic target copy, and the sampled positions'
     priorities set to |v - z| at the position. Keys: sampling, then Reanalyse."""
     sample_key, reanalyse_key = jax.random.split(key)
     hp = state.hparams
-    sample = sample_positions(replay, config, state, sample_key)
+    sample = sample_positions(replay, state, sample_key, batch_size=learn.batch_size,
+                              importance_anneal_updates=learn.importance_anneal_updates)
     windows = sample.windows
-    targets = batch_targets(network, state.target_params, windows, reanalyse_key, config,
+    targets = batch_targets(network, state.target_params, windows, reanalyse_key, learn,
                             history=history)
-    s = config.batch_size
+    s = learn.batch_size
     observation = observations_at(windows, jnp.full((s, 1), history), history=history)[:, 0]
-    actions = windows["action"][:, history:history + config.unroll_steps]
+    actions = windows["action"][:, history:history + learn.unroll_steps]
 
     def loss_fn(params):
         out = losses.unroll_model(network, params, observation, actions)
         per_example = jax.vmap(functools.partial(
-            losses.unroll_loss, support_size=config.support_size,
+            losses.unroll_loss, support_size=learn.support_size,
             value_cost=hp["value_cost"]))(out.policy_logits, out.value_logits,
                                           out.reward_logits, targets)
         loss = jnp.mean(sample.weights * per_example.loss)
-        value = value_to_scalar(out.value_logits[:, 0], config.support_size)
+        value = value_to_scalar(out.value_logits[:, 0], learn.support_size)
         return loss, (jnp.abs(value - targets.value[:, 0]), per_example)
 
     grads, (priorities, per_example) = jax.grad(loss_fn, has_aux=True)(state.params)
-    new_state = apply_gradients(optimizer, config, state, grads, axis_name=axis_name)
-    k1 = config.unroll_steps + 1
+    new_state = apply_gradients(optimizer, state, grads,
+                                target_update_interval=learn.target_update_interval,
+                                axis_name=axis_name)
+    k1 = learn.unroll_steps + 1
     metrics = {
         "loss": jnp.mean(sample.weights * per_example.loss),
         "value_loss": jnp.mean(per_example.value_loss) / k1,
         "policy_loss": jnp.mean(per_example.policy_loss) / k1,
-        "reward_loss": jnp.mean(per_example.reward_loss) / max(config.unroll_steps, 1),
+        "reward_loss": jnp.mean(per_example.reward_loss) / max(learn.unroll_steps, 1),
         "grad_norm": optax.tree.norm(grads),
         "mean_priority": jnp.mean(priorities),
-        "importance_exponent": sample_beta(config, state),
+        "importance_exponent": sample_beta(state, learn.importance_anneal_updates),
     }
     new_state = new_state.replace(
         replay=replay.update(state.replay, sample.slots, sample.positions, priorities))
     return new_state, metrics
 
 
-def sample_beta(config: ml_collections.ConfigDict, state: LearnerState) -> Array:
-    """The importance exponent in force at `state`'s update."""
+def sample_beta(state: LearnerState, importance_anneal_updates: int) -> Array:
+    """The importance exponent in force at `state`'s update (annealed over
+    `importance_anneal_updates`)."""
     return importance_exponent(state.hparams["importance_exponent"], state.updates,
-                               config.importance_anneal_updates)
+                               importance_anneal_updates)
 
 
 def learner_step(update: Callable[[LearnerState, PRNGKey], tuple[LearnerState, Metrics]],
-                 replay: pr.PositionReplay, config: ml_collections.ConfigDict,
-                 state: LearnerState, steps: dict, sampleable: Array, key: PRNGKey, *,
-                 metric_names: tuple[str, ...], axis_name: str | None
+                 replay: pr.PositionReplay, state: LearnerState, steps: dict,
+                 sampleable: Array, key: PRNGKey, *, updates_per_step: int,
+                 min_replay_items: int, metric_names: tuple[str, ...], axis_name: str | None
                  ) -> tuple[LearnerState, Metrics]:
     """Appends a trajectory's timesteps (`steps` leaves [T, B, ...], `sampleable` [T, B]) to
-    the replay, then runs `update` `config.updates_per_step` times once every device's
-    replay holds `config.min_replay_items` sampleable positions (zeros for `metric_names`
-    until then). Metrics are averaged over the updates and over `axis_name`."""
+    the replay, then runs `update` `updates_per_step` times once every device's replay
+    holds `min_replay_items` sampleable positions (zeros for `metric_names` until then).
+    Metrics are averaged over the updates and over `axis_name`."""
     state = state.replace(replay=replay.add(state.replay, steps, sampleable))
 
     def train(state):
-        keys = jax.random.split(key, config.updates_per_step)
+        keys = jax.random.split(key, updates_per_step)
         state, metrics = jax.lax.scan(update, state, keys)
         return state, jax.tree.map(jnp.mean, metrics)
 
@@ -269,7 +320,7 @@ def learner_step(update: Callable[[LearnerState, PRNGKey], tuple[LearnerState, M
     # Every device inserts the same number of positions, but LAST steps are not
     # sampleable, so devices may disagree on `ready`: all wait for the slowest.
     size = replay.size(state.replay)
-    ready = size >= config.min_replay_items
+    ready = size >= min_replay_items
     if axis_name is not None:
         ready = jax.lax.pmin(ready.astype(jnp.int32), axis_name) > 0
     state, metrics = jax.lax.cond(ready, train, wait, state)

@@ -6,16 +6,34 @@ or `gumbel_muzero_policy`); Reanalyse searches again with the target network.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import mctx
-import ml_collections
 
 from agents.muzero import targets as tgt
 from agents.muzero.networks import MuZeroNetwork
 from podracer.types import Array, Params, PRNGKey
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """The settings of one search: the agent config's fields of the same names (MuZero's
+    `default_config` documents each), built once by `make_agent`."""
+
+    search: str  # "muzero" (PUCT with Dirichlet noise) | "gumbel"
+    num_simulations: int
+    support_size: int  # S of the categorical value and reward heads
+    discount: float  # the model's discount between search steps
+    dirichlet_alpha: float  # PUCT
+    dirichlet_fraction: float  # PUCT, acting (evaluation uses 0)
+    temperature: float  # PUCT's acting temperature of the visit counts
+    q_transform: str  # PUCT's value term: "parent_and_siblings" | "tree_min_max"
+    unvisited_q: str  # PUCT: "min" | "parent_mean"
+    max_num_considered_actions: int  # Gumbel
+    gumbel_scale: float  # Gumbel, acting (evaluation uses 0)
 
 
 def value_to_scalar(logits: Array, support_size: int) -> Array:
@@ -57,14 +75,14 @@ def root_output(network: MuZeroNetwork, params: Params, observation: Array,
 
 
 def run_search(network: MuZeroNetwork, params: Params, observation: Array, key: PRNGKey,
-               config: ml_collections.ConfigDict, *, evaluation: bool) -> mctx.PolicyOutput:
-    """One batched search from `observation` ([B, ...]) with the fields `search`,
-    `num_simulations`, `support_size`, `discount` and the chosen search's own of `config`.
-    `evaluation` turns the root noise off. `key` is consumed by mctx (root noise, Gumbel
-    draws, action sampling)."""
-    root = root_output(network, params, observation, config.support_size)
-    recurrent_fn = make_recurrent_fn(network, config.support_size, config.discount)
-    return search_with(root, recurrent_fn, params, key, config, evaluation=evaluation)
+               search_config: SearchConfig, *, evaluation: bool) -> mctx.PolicyOutput:
+    """One batched search from `observation` ([B, ...]) with `search_config`. `evaluation`
+    turns the root noise off. `key` is consumed by mctx (root noise, Gumbel draws, action
+    sampling)."""
+    root = root_output(network, params, observation, search_config.support_size)
+    recurrent_fn = make_recurrent_fn(network, search_config.support_size,
+                                     search_config.discount)
+    return search_with(root, recurrent_fn, params, key, search_config, evaluation=evaluation)
 
 
 Q_TRANSFORMS = ("parent_and_siblings", "tree_min_max")
@@ -139,26 +157,26 @@ def qtransform(tree: mctx.Tree, node_index: Array, *, scope: str = "parent_and_s
 
 
 def search_with(root: mctx.RootFnOutput, recurrent_fn, params: Params, key: PRNGKey,
-                config: ml_collections.ConfigDict, *, evaluation: bool,
+                search_config: SearchConfig, *, evaluation: bool,
                 temperature: Array | float | None = None) -> mctx.PolicyOutput:
-    """The search `config.search` from `root` with the model `recurrent_fn` (any agent's:
-    MuZero's, or EfficientZero's with its value prefix); see `run_search`. PUCT's value term
-    is `qtransform` with `config.q_transform` and `config.unvisited_q`; `temperature`
-    (possibly traced; None: `config.temperature`) is the acting temperature of the visit
-    counts."""
-    if config.search == "gumbel":
+    """The search `search_config.search` from `root` with the model `recurrent_fn` (any
+    agent's: MuZero's, or EfficientZero's with its value prefix); see `run_search`. PUCT's
+    value term is `qtransform` with `search_config.q_transform` and `.unvisited_q`;
+    `temperature` (possibly traced; None: `search_config.temperature`) is the acting
+    temperature of the visit counts."""
+    if search_config.search == "gumbel":
         return mctx.gumbel_muzero_policy(
             params, key, root, recurrent_fn,
-            num_simulations=config.num_simulations,
-            max_num_considered_actions=config.max_num_considered_actions,
-            gumbel_scale=0.0 if evaluation else config.gumbel_scale,
+            num_simulations=search_config.num_simulations,
+            max_num_considered_actions=search_config.max_num_considered_actions,
+            gumbel_scale=0.0 if evaluation else search_config.gumbel_scale,
         )
     return mctx.muzero_policy(
         params, key, root, recurrent_fn,
-        num_simulations=config.num_simulations,
-        dirichlet_fraction=0.0 if evaluation else config.dirichlet_fraction,
-        dirichlet_alpha=config.dirichlet_alpha,
-        temperature=config.temperature if temperature is None else temperature,
-        qtransform=functools.partial(qtransform, scope=config.q_transform,
-                                     unvisited=config.unvisited_q),
+        num_simulations=search_config.num_simulations,
+        dirichlet_fraction=0.0 if evaluation else search_config.dirichlet_fraction,
+        dirichlet_alpha=search_config.dirichlet_alpha,
+        temperature=search_config.temperature if temperature is None else temperature,
+        qtransform=functools.partial(qtransform, scope=search_config.q_transform,
+                                     unvisited=search_config.unvisited_q),
     )

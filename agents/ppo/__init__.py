@@ -1,14 +1,28 @@
 """PPO (Schulman et al., 2017): clipped surrogate, GAE(lambda), epochs of minibatches; discrete
-and Gaussian policies; plain or importance-corrected on stale Sebulba data (docs/ppo.md)."""
+and Gaussian policies; plain or importance-corrected on stale Sebulba data (docs/ppo.md).
+
+Split by role into top-level pure functions: networks and distributions (`networks.py`),
+losses (`losses.py`), acting and the learner step (`learning.py`); `make_agent` assembles
+them.
+"""
 
 from agents.ppo.agent import (
     OFF_POLICY,
     SWEEPABLE,
     LearnerState,
     default_config,
+    learn_config,
     make_agent,
     make_optimizer,
     set_hparams,
+)
+from agents.ppo.learning import (
+    LearnConfig,
+    actor_step,
+    learner_step,
+    minibatch_loss,
+    optimise,
+    targets,
 )
 from agents.ppo.losses import (
     SurrogateOutput,
@@ -24,17 +38,24 @@ __all__ = [
     "OFF_POLICY",
     "PPOMLP",
     "SWEEPABLE",
+    "LearnConfig",
     "LearnerState",
     "PPONetwork",
     "SurrogateOutput",
+    "actor_step",
     "clipped_surrogate_loss",
     "default_config",
     "gae_advantages",
+    "learn_config",
+    "learner_step",
     "make_agent",
     "make_network",
     "make_optimizer",
+    "minibatch_loss",
     "normalize_advantages",
+    "optimise",
     "set_hparams",
+    "targets",
     "value_loss",
     "vtrace_value_targets",
 ]

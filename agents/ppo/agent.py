@@ -1,4 +1,6 @@
-"""The PPO agent (Schulman et al., 2017) as the pure functions of `podracer.agent.Agent`.
+"""The PPO agent (Schulman et al., 2017) as the pure functions of `podracer.agent.Agent`: the
+config, the optimiser, and `make_agent`, which assembles the network (`networks.py`) and the
+acting and learning functions (`learning.py`, on the losses of `losses.py`).
 
 One `learner_step` is one PPO iteration on a `[T+1, B]` trajectory:
 
@@ -27,18 +29,18 @@ before any update: 0 up to float rounding whenever the data is on-policy for the
 
 from __future__ import annotations
 
-from typing import Any
+import functools
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
 
-from agents.hparams import LearnerState, init_learner_state, replace_hparams
-from agents.ppo import losses, networks
+from agents.actor_critic import LearnerState, init_learner_state
+from agents.hparams import replace_hparams
+from agents.ppo import learning, networks
 from podracer.agent import Agent
 from podracer.config import ConfigError
-from podracer.types import Array, EnvSpec, Metrics, Params, PRNGKey, TimeStep, Trajectory
+from podracer.types import Array, EnvSpec
 
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
 LOSS_HPARAMS = ("discount", "gae_lambda", "clip_eps", "value_clip_eps", "value_cost",
@@ -126,159 +128,31 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
                           f"{config.anneal_lr_updates}", "use 0 for a constant step size")
 
 
+def learn_config(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> learning.LearnConfig:
+    """The learner's static settings: `config`'s fields and what `env_spec` fixes."""
+    return learning.LearnConfig(
+        num_epochs=config.num_epochs, num_minibatches=config.num_minibatches,
+        off_policy=config.off_policy, normalize_advantages=bool(config.normalize_advantages),
+        unroll_updates=bool(config.unroll_updates), continuous=networks.is_continuous(env_spec),
+        observation_rank=len(env_spec.observation.shape))
+
+
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
-    """Builds the PPO agent for discrete or continuous ([D]-shaped) actions."""
+    """Builds the PPO agent for discrete or continuous ([D]-shaped) actions: `learning.py`'s
+    functions bound to the network, optimiser and settings of `config`."""
     _check_config(config)
     network = networks.make_network(config, env_spec)
-    continuous = networks.is_continuous(env_spec)
     optimizer = make_optimizer(config)
-    corrected = config.off_policy == "corrected"
-    num_epochs, num_minibatches = config.num_epochs, config.num_minibatches
-    unroll = bool(config.unroll_updates)
-
-    def apply(params: Params, observation: Array) -> tuple[Any, Array]:
-        """The network over any leading axes: [..., *obs] -> policy [..., *], value [...]."""
-        lead = observation.shape[:observation.ndim - len(env_spec.observation.shape)]
-        flat = observation.reshape((-1,) + observation.shape[len(lead):])
-        policy, value = network.apply(params, flat)
-        return (jax.tree.map(lambda x: x.reshape(lead + x.shape[1:]), policy),
-                value.reshape(lead))
-
-    def init(key: PRNGKey, spec: EnvSpec = env_spec) -> LearnerState:
-        return init_learner_state(network, optimizer, config, LOSS_HPARAMS, key, spec)
-
-    def init_actor_state(batch_size: int) -> tuple[()]:
-        del batch_size
-        return ()
-
-    def actor_params(learner_state: LearnerState) -> Params:
-        return learner_state.params
-
-    def actor_step(params, actor_state, timestep: TimeStep, key: PRNGKey, *, evaluation=False):
-        policy, value = network.apply(params, timestep.observation)
-        if evaluation:
-            action = networks.mode(policy, continuous=continuous)
-        else:
-            action = networks.sample(policy, key, continuous=continuous)
-        extras = {"log_prob": networks.log_prob(policy, action, continuous=continuous),
-                  "value": value}
-        return action, actor_state, extras
-
-    # TARGETS -----------------------------------------------------------------------------
-
-    def targets(params: Params, trajectory: Trajectory, hparams: dict[str, Array],
-                axis_name: str | None) -> tuple[dict[str, Array], Metrics]:
-        """Per-sample [T, B] inputs of the epochs: old log-probabilities and values,
-        advantages (normalised), value targets, importance weights and the mask."""
-        ts = trajectory.timestep
-        mask = trajectory.transition_mask()
-        behaviour_log_prob = trajectory.extras["log_prob"]
-        kw = {"discount": hparams["discount"], "lambda_": hparams["gae_lambda"]}
-        gae = jax.vmap(lambda r, d, v, m, rho: losses.gae_advantages(r, d, v, m,
-                                                                     trace_ratios=rho, **kw),
-                       in_axes=1, out_axes=1)
-        if corrected:
-            policy, values = apply(params, ts.observation)  # pi_0 and V_0 at x_0 .. x_T
-            old_log_prob = networks.log_prob(jax.tree.map(lambda x: x[:-1], policy),
-                                             trajectory.action, continuous=continuous)
-            rhos = jnp.exp(old_log_prob - behaviour_log_prob)
-            advantages = gae(ts.reward[1:], ts.discount[1:], values, mask, rhos)
-            returns = jax.vmap(
-                lambda *xs: losses.vtrace_value_targets(
-                    *xs, clip_rho_threshold=hparams["clip_rho_threshold"], **kw),
-                in_axes=1, out_axes=1)(ts.reward[1:], ts.discount[1:], values, mask, rhos)
-            weights = jnp.minimum(hparams["clip_rho_threshold"], rhos)
-        else:
-            # The actor's values at x_0 .. x_{T-1}; x_T's is the learner's (not yet acted on).
-            _, last_value = network.apply(params, ts.observation[-1])
-            values = jnp.concatenate([trajectory.extras["value"], last_value[None]], axis=0)
-            old_log_prob = behaviour_log_prob
-            advantages = jax.vmap(
-                lambda r, d, v, m: losses.gae_advantages(r, d, v, m, **kw),
-                in_axes=1, out_axes=1)(ts.reward[1:], ts.discount[1:], values, mask)
-            returns = advantages + values[:-1]
-            weights = jnp.ones_like(advantages)
-        values = jax.lax.stop_gradient(values)
-        normalised, adv_mean, adv_std = losses.normalize_advantages(
-            advantages, mask, axis_name=axis_name)
-        if not config.normalize_advantages:
-            normalised = advantages
-        metrics = {"advantage_mean": adv_mean, "advantage_std": adv_std,
-                   "importance_weight": jnp.sum(weights * mask) / jnp.maximum(mask.sum(), 1.0)}
-        batch = {"observation": ts.observation[:-1], "action": trajectory.action,
-                 "old_log_prob": jax.lax.stop_gradient(old_log_prob),
-                 "old_value": values[:-1], "advantage": normalised, "return": returns,
-                 "weight": weights, "mask": mask}
-        return batch, metrics
-
-    # OPTIMISATION ------------------------------------------------------------------------
-
-    def loss_fn(params: Params, mb: dict[str, Array], hparams: dict[str, Array]):
-        policy, value = apply(params, mb["observation"])
-        log_prob = networks.log_prob(policy, mb["action"], continuous=continuous)
-        surrogate = losses.clipped_surrogate_loss(
-            log_prob, mb["old_log_prob"], mb["advantage"], mb["mask"], mb["weight"],
-            clip_eps=hparams["clip_eps"])
-        v_loss = losses.value_loss(value, mb["old_value"], mb["return"], mb["mask"],
-                                   clip_eps=hparams["value_clip_eps"])
-        count = jnp.maximum(jnp.sum(mb["mask"]), 1.0)
-        ent = jnp.sum(networks.entropy(policy, continuous=continuous) * mb["mask"]) / count
-        loss = surrogate.loss + hparams["value_cost"] * v_loss - hparams["entropy_cost"] * ent
-        deviation = jnp.max(jnp.abs(jnp.exp(log_prob - mb["old_log_prob"]) - 1.0) * mb["mask"])
-        return loss, {"loss": loss, "policy_loss": surrogate.loss, "value_loss": v_loss,
-                      "entropy": ent, "clip_fraction": surrogate.clip_fraction,
-                      "approx_kl": surrogate.approx_kl, "ratio_deviation": deviation}
-
-    def learner_step(learner_state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
-                     axis_name: str | None) -> tuple[LearnerState, Metrics]:
-        t, b = trajectory.action.shape[:2]
-        n = t * b
-        if n % num_minibatches:
-            raise ConfigError(
-                "agent.num_minibatches",
-                f"{num_minibatches} does not divide the {n} transitions (T={t} x {b} "
-                "environments) each learner device receives",
-                f"use a divisor of {n}, or change rollout_length or the number of environments")
-        hparams = learner_state.hparams
-        batch, target_metrics = targets(learner_state.params, trajectory, hparams, axis_name)
-        flat = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]), batch)
-
-        def minibatch_step(carry, mb):
-            params, opt_state = carry
-            grads, metrics = jax.grad(loss_fn, has_aux=True)(params, mb, hparams)
-            if axis_name is not None:
-                grads = jax.lax.pmean(grads, axis_name)
-            metrics["grad_norm"] = optax.tree.norm(grads)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), metrics
-
-        def epoch(carry, epoch_key):
-            permutation = jax.random.permutation(epoch_key, n)
-            minibatches = jax.tree.map(
-                lambda x: jnp.take(x, permutation, axis=0).reshape(
-                    (num_minibatches, n // num_minibatches) + x.shape[1:]), flat)
-            return jax.lax.scan(minibatch_step, carry, minibatches,
-                                unroll=num_minibatches if unroll else 1)
-
-        (params, opt_state), metrics = jax.lax.scan(
-            epoch, (learner_state.params, learner_state.opt_state),
-            jax.random.split(key, num_epochs), unroll=num_epochs if unroll else 1)
-        first_deviation = metrics.pop("ratio_deviation")[0, 0]
-        metrics = {**jax.tree.map(jnp.mean, metrics), **target_metrics}
-        if axis_name is not None:
-            metrics = jax.lax.pmean(metrics, axis_name)
-            first_deviation = jax.lax.pmax(first_deviation, axis_name)
-        metrics["first_ratio_deviation"] = first_deviation
-        new_state = learner_state.replace(params=params, opt_state=opt_state,
-                                          updates=learner_state.updates + 1)
-        return new_state, metrics
-
+    learn = learn_config(config, env_spec)
+    loss_hparams = {k: config[k] for k in LOSS_HPARAMS}
     return Agent(
-        init=init,
-        actor_step=actor_step,
-        learner_step=learner_step,
-        init_actor_state=init_actor_state,
-        actor_params=actor_params,
+        init=lambda key, spec=env_spec: init_learner_state(network, optimizer, loss_hparams,
+                                                           key, spec),
+        actor_step=functools.partial(learning.actor_step, network,
+                                     continuous=learn.continuous),
+        learner_step=functools.partial(learning.learner_step, network, optimizer, learn),
+        init_actor_state=lambda batch_size: (),
+        actor_params=lambda learner_state: learner_state.params,
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
     )

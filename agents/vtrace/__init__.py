@@ -1,4 +1,8 @@
-"""IMPALA actor-critic with V-trace off-policy corrections (Espeholt et al., 2018)."""
+"""IMPALA actor-critic with V-trace off-policy corrections (Espeholt et al., 2018).
+
+Split by role into top-level pure functions: networks (`networks.py`), the loss
+(`losses.py`), acting and the learner step (`learning.py`); `make_agent` assembles them.
+"""
 
 from agents.vtrace.agent import (
     SWEEPABLE,
@@ -8,6 +12,7 @@ from agents.vtrace.agent import (
     make_optimizer,
     set_hparams,
 )
+from agents.vtrace.learning import actor_step, learner_step, trajectory_loss
 from agents.vtrace.losses import LossOutput, vtrace_loss
 from agents.vtrace.networks import (
     ActorCritic,
@@ -25,10 +30,13 @@ __all__ = [
     "LossOutput",
     "MLPTorso",
     "ResNetTorso",
+    "actor_step",
     "default_config",
+    "learner_step",
     "make_agent",
     "make_network",
     "make_optimizer",
     "set_hparams",
+    "trajectory_loss",
     "vtrace_loss",
 ]

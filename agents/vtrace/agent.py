@@ -1,17 +1,20 @@
-"""The V-trace (IMPALA) agent as the three pure functions of `podracer.agent.Agent`."""
+"""The V-trace (IMPALA) agent as the three pure functions of `podracer.agent.Agent`: the config,
+the optimiser, and `make_agent`, which assembles the network (`networks.py`) and the acting and
+learning functions (`learning.py`)."""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
+import functools
+
 import ml_collections
 import optax
 
-from agents.hparams import LearnerState, init_learner_state, replace_hparams
-from agents.vtrace.losses import vtrace_loss
+from agents.actor_critic import LearnerState, init_learner_state
+from agents.hparams import replace_hparams
+from agents.vtrace import learning
 from agents.vtrace.networks import make_network
 from podracer.agent import Agent
-from podracer.types import Array, EnvSpec, Metrics, Params, PRNGKey, TimeStep, Trajectory
+from podracer.types import Array, EnvSpec
 
 # Scalar hyperparameters that live in the learner state as arrays, so that one compiled program
 # can run several values side by side (`jax.vmap` over runs; see `set_hparams`). The
@@ -64,83 +67,18 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
 
 
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
-    """Builds the V-trace agent for environments with a discrete action spec."""
+    """Builds the V-trace agent for environments with a discrete action spec: `learning.py`'s
+    functions bound to the network and optimiser of `config`."""
     network = make_network(config, env_spec)
     optimizer = make_optimizer(config)
-
-    def init(key: PRNGKey, spec: EnvSpec = env_spec) -> LearnerState:
-        return init_learner_state(network, optimizer, config, LOSS_HPARAMS, key, spec)
-
-    def init_actor_state(batch_size: int) -> tuple[()]:
-        del batch_size
-        return ()
-
-    def actor_params(learner_state: LearnerState) -> Params:
-        return learner_state.params
-
-    def actor_step(params, actor_state, timestep: TimeStep, key: PRNGKey, *, evaluation=False):
-        logits, _ = network.apply(params, timestep.observation)
-        if evaluation:
-            action = jnp.argmax(logits, axis=-1)
-        else:
-            action = jax.random.categorical(key, logits)
-        return action.astype(jnp.int32), actor_state, {"logits": logits}
-
-    def loss_fn(params: Params, trajectory: Trajectory, hparams: dict[str, Array]):
-        obs = trajectory.timestep.observation  # [T+1, B, ...]
-        t, b = trajectory.action.shape
-        logits, values = network.apply(params, obs[:-1].reshape((t * b,) + obs.shape[2:]))
-        # x_T only bootstraps: its value enters V-trace's targets, through which no gradient
-        # flows (rlax stops target gradients), so its forward pass needs no backward pass.
-        _, bootstrap = network.apply(jax.lax.stop_gradient(params), obs[-1])
-        logits = logits.reshape(t, b, -1)
-        values = jnp.concatenate([values.reshape(t, b), bootstrap[None]])
-        batched = jax.vmap(
-            lambda *xs: vtrace_loss(*xs, **hparams),
-            in_axes=1,
-        )
-        out = batched(
-            logits,
-            values,
-            trajectory.action,
-            trajectory.extras["logits"],
-            trajectory.timestep.reward[1:],
-            trajectory.timestep.discount[1:],
-            trajectory.transition_mask(),
-        )
-        out = jax.tree.map(jnp.mean, out)
-        return out.loss, out
-
-    def learner_step(learner_state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
-                     axis_name: str | None) -> tuple[LearnerState, Metrics]:
-        del key  # V-trace's update is deterministic.
-        grads, out = jax.grad(loss_fn, has_aux=True)(learner_state.params, trajectory,
-                                                     learner_state.hparams)
-        if axis_name is not None:
-            grads = jax.lax.pmean(grads, axis_name)
-        updates, opt_state = optimizer.update(grads, learner_state.opt_state,
-                                              learner_state.params)
-        params = optax.apply_updates(learner_state.params, updates)
-        metrics = {
-            "loss": out.loss,
-            "policy_loss": out.policy_loss,
-            "baseline_loss": out.baseline_loss,
-            "entropy": out.entropy,
-            "mean_rho": out.mean_rho,
-            "grad_norm": optax.tree.norm(grads),
-        }
-        if axis_name is not None:
-            metrics = jax.lax.pmean(metrics, axis_name)
-        new_state = learner_state.replace(params=params, opt_state=opt_state,
-                                          updates=learner_state.updates + 1)
-        return new_state, metrics
-
+    loss_hparams = {k: config[k] for k in LOSS_HPARAMS}
     return Agent(
-        init=init,
-        actor_step=actor_step,
-        learner_step=learner_step,
-        init_actor_state=init_actor_state,
-        actor_params=actor_params,
+        init=lambda key, spec=env_spec: init_learner_state(network, optimizer, loss_hparams,
+                                                           key, spec),
+        actor_step=functools.partial(learning.actor_step, network),
+        learner_step=functools.partial(learning.learner_step, network, optimizer),
+        init_actor_state=lambda batch_size: (),
+        actor_params=lambda learner_state: learner_state.params,
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
     )

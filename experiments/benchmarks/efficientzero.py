@@ -56,15 +56,16 @@ def main(argv):
             c[name] = value
         network = ez.make_ez_network(c, spec)
         optimizer = ez.make_optimizer(c)
+        learn = ez.learn_config(c)
 
         def run(state, key):
             def one(state, key):
-                return ez.learner_update(network, optimizer, replay, c, state, key,
+                return ez.learner_update(network, optimizer, replay, learn, state, key,
                                          history=history, steps_per_add=t * b, axis_name=None)
             return jax.lax.scan(one, state, jax.random.split(key, _UPDATES.value))[1]["loss"]
 
         def refresh(state):
-            return ez.refresh_priorities(network, replay, c, state,
+            return ez.refresh_priorities(network, replay, learn, state,
                                          history=history).replay.priorities
 
         return jax.jit(run), jax.jit(refresh)
@@ -72,10 +73,11 @@ def main(argv):
     mz_config = a.copy_and_resolve_references()
     mz_network = muzero.make_network(mz_config, spec)
     mz_optimizer = muzero.make_optimizer(mz_config)
+    mz_learn = muzero.learn_config(mz_config)
 
     def mz_run(state, key):
         def one(state, key):
-            return muzero.learner_update(mz_network, mz_optimizer, replay, mz_config, state,
+            return muzero.learner_update(mz_network, mz_optimizer, replay, mz_learn, state,
                                          key, history=history, axis_name=None)
         return jax.lax.scan(one, state, jax.random.split(key, _UPDATES.value))[1]["loss"]
 

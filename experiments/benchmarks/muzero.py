@@ -131,11 +131,12 @@ def main(argv):
         network = muzero.make_network(learner_config, spec)
         replay, _, history = muzero.make_replay(learner_config, spec)
         optimizer = muzero.make_optimizer(learner_config)
+        learn = muzero.learn_config(learner_config)
 
-        def updates(state, key, learner_config=learner_config, network=network,
+        def updates(state, key, learn=learn, network=network,
                     replay=replay, optimizer=optimizer, history=history):
             def one(state, key):
-                return muzero.learner_update(network, optimizer, replay, learner_config,
+                return muzero.learner_update(network, optimizer, replay, learn,
                                              state, key, history=history, axis_name=None)
             keys = jax.random.split(key, _LEARNER_UPDATES.value)
             return jax.lax.scan(one, state, keys)[1]["loss"]
