@@ -179,6 +179,33 @@ def garble_arrays(step_dir: str) -> None:
 # pytest-xdist: how many workers `-n auto` (pyproject's addopts) starts.
 
 
+
+SMALL_CATCH_UPDATES_PER_CHUNK = 5
+SMALL_CATCH_STEPS_PER_CHUNK = 16 * 10 * SMALL_CATCH_UPDATES_PER_CHUNK
+
+
+def small_catch_config(**overrides):
+    """V-trace on Catch in the shape of the Anakin tests' small runs (2 devices, 16 envs, T=10,
+    5 updates per chunk, 4 chunks, a checkpoint every 2), so that compiled programs are reused;
+    `overrides` set dotted fields, e.g. `**{"agent.learning_rate": 3e-4}`."""
+    from experiments.configs import vtrace_catch
+
+    config = vtrace_catch.get_config()
+    config.num_devices = 2
+    config.num_envs = 16
+    config.rollout_length = 10
+    config.updates_per_chunk = SMALL_CATCH_UPDATES_PER_CHUNK
+    config.total_env_steps = 4 * SMALL_CATCH_STEPS_PER_CHUNK
+    config.checkpoint_every_updates = 2 * SMALL_CATCH_UPDATES_PER_CHUNK
+    config.eval_every_updates = 0
+    for field, value in overrides.items():
+        node = config
+        *parents, last = field.split(".")
+        for parent in parents:
+            node = node[parent]
+        node[last] = value
+    return config
+
 def pytest_xdist_auto_num_workers(config) -> int:
     """One worker per core, at most 4 and at most one per 6 GiB of memory (a worker with 8
     simulated devices peaks near 5 GiB). Much of a test's time is XLA compiling on one core,

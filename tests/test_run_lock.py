@@ -15,33 +15,25 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, snapshot, start_experiment, wait_until
+from conftest import (
+    ROOT,
+    SMALL_CATCH_STEPS_PER_CHUNK,
+    SMALL_CATCH_UPDATES_PER_CHUNK,
+    small_catch_config,
+    snapshot,
+    start_experiment,
+    wait_until,
+)
 
 import anakin
-from experiments.configs import vtrace_catch
 from podracer import distributed
 from podracer.metrics import read_records
 from podracer.session import LOCK_FILE, WorkdirLock, WorkdirLockedError
 
-UPDATES_PER_CHUNK = 5
-STEPS_PER_CHUNK = 16 * 10 * UPDATES_PER_CHUNK
+UPDATES_PER_CHUNK = SMALL_CATCH_UPDATES_PER_CHUNK
+STEPS_PER_CHUNK = SMALL_CATCH_STEPS_PER_CHUNK
 HOLD = ("import sys, time\nfrom podracer.session import WorkdirLock\n"
         "WorkdirLock.acquire(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(600)\n")
-
-
-def _config(**overrides):
-    # The shape of the other Anakin tests' small runs, so that compiled programs are reused.
-    config = vtrace_catch.get_config()
-    config.num_devices = 2
-    config.num_envs = 16
-    config.rollout_length = 10
-    config.updates_per_chunk = UPDATES_PER_CHUNK
-    config.total_env_steps = 4 * STEPS_PER_CHUNK
-    config.checkpoint_every_updates = 2 * UPDATES_PER_CHUNK
-    config.eval_every_updates = 0
-    for field, value in overrides.items():
-        config[field] = value
-    return config
 
 
 def _command(workdir: str, total_env_steps: int, *extra: str) -> list[str]:
@@ -104,12 +96,12 @@ def test_a_second_live_run_is_refused_naming_the_first_and_damages_nothing(tmp_p
 
 def test_a_held_workdir_is_left_exactly_as_it_was(tmp_path):
     workdir = str(tmp_path / "w")
-    anakin.train(_config(), workdir)  # a finished run's workdir: checkpoints, records
+    anakin.train(small_catch_config(), workdir)  # a finished run's workdir: checkpoints, records
     holder = _hold(workdir)
     try:
         before = snapshot(workdir)
         with pytest.raises(WorkdirLockedError, match=rf"process {holder.pid} on host "):
-            anakin.train(_config(total_env_steps=8 * STEPS_PER_CHUNK), workdir)
+            anakin.train(small_catch_config(total_env_steps=8 * STEPS_PER_CHUNK), workdir)
         assert snapshot(workdir) == before
     finally:
         holder.kill()
@@ -122,7 +114,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over_and_said_so(tmp_path, capsys)
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     assert os.path.isfile(os.path.join(workdir, LOCK_FILE))  # left behind
-    result = anakin.train(_config(), workdir)
+    result = anakin.train(small_catch_config(), workdir)
     out = capsys.readouterr().out
     assert (f"Took over the lock on {workdir} left by a run that is no longer running "
             f"(process {holder.pid} on host {socket.gethostname()}") in out

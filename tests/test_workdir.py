@@ -16,37 +16,27 @@ import shutil
 import signal
 
 import pytest
-from conftest import checkpoint_steps, garble_arrays, snapshot, start_experiment, wait_until
+from conftest import (
+    SMALL_CATCH_STEPS_PER_CHUNK,
+    SMALL_CATCH_UPDATES_PER_CHUNK,
+    checkpoint_steps,
+    garble_arrays,
+    small_catch_config,
+    snapshot,
+    start_experiment,
+    wait_until,
+)
 
 import anakin
-from experiments.configs import vtrace_catch
 from podracer import replication
 from podracer import workdir as workdir_lib
 from podracer.config import ConfigError
 from podracer.faults import NonFiniteError
 from podracer.metrics import read_records
 
-UPDATES_PER_CHUNK = 5
-STEPS_PER_CHUNK = 16 * 10 * UPDATES_PER_CHUNK
-
-
-def _config(**overrides):
-    # The shape of the other Anakin tests' small runs, so that compiled programs are reused.
-    config = vtrace_catch.get_config()
-    config.num_devices = 2
-    config.num_envs = 16
-    config.rollout_length = 10
-    config.updates_per_chunk = UPDATES_PER_CHUNK
-    config.total_env_steps = 4 * STEPS_PER_CHUNK
-    config.checkpoint_every_updates = 2 * UPDATES_PER_CHUNK
-    config.eval_every_updates = 0
-    for field, value in overrides.items():
-        node = config
-        *parents, last = field.split(".")
-        for parent in parents:
-            node = node[parent]
-        node[last] = value
-    return config
+UPDATES_PER_CHUNK = SMALL_CATCH_UPDATES_PER_CHUNK
+STEPS_PER_CHUNK = SMALL_CATCH_STEPS_PER_CHUNK
+_config = small_catch_config
 
 
 @pytest.fixture(scope="module")
