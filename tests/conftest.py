@@ -180,6 +180,16 @@ def garble_arrays(step_dir: str) -> None:
 
 
 
+def set_fields(config, overrides: dict) -> None:
+    """Sets dotted fields of a `ConfigDict`: `{"agent.learning_rate": 3e-4}`."""
+    for field, value in overrides.items():
+        node = config
+        *parents, leaf = field.split(".")
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+
+
 SMALL_CATCH_UPDATES_PER_CHUNK = 5
 SMALL_CATCH_STEPS_PER_CHUNK = 16 * 10 * SMALL_CATCH_UPDATES_PER_CHUNK
 
@@ -198,12 +208,7 @@ def small_catch_config(**overrides):
     config.total_env_steps = 4 * SMALL_CATCH_STEPS_PER_CHUNK
     config.checkpoint_every_updates = 2 * SMALL_CATCH_UPDATES_PER_CHUNK
     config.eval_every_updates = 0
-    for field, value in overrides.items():
-        node = config
-        *parents, last = field.split(".")
-        for parent in parents:
-            node = node[parent]
-        node[last] = value
+    set_fields(config, overrides)
     return config
 
 def pytest_xdist_auto_num_workers(config) -> int:

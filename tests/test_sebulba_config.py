@@ -2,6 +2,7 @@
 
 import ml_collections
 import pytest
+from conftest import set_fields
 
 from experiments.configs import sebulba_vtrace_atari, sebulba_vtrace_cartpole
 from podracer.config import ConfigError
@@ -10,12 +11,7 @@ from sebulba import validate
 
 def _cartpole(**overrides) -> ml_collections.ConfigDict:
     config = sebulba_vtrace_cartpole.get_config()
-    for field, value in overrides.items():
-        node = config
-        *parents, leaf = field.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    set_fields(config, overrides)
     return config
 
 

@@ -5,6 +5,7 @@ mode starts its ratio at 1, weights stale samples, and improves too. A Gaussian 
 on envpool Pendulum-v1 (continuous actions)."""
 
 import pytest
+from conftest import set_fields
 
 import sebulba
 from experiments.configs import sebulba_ppo_cartpole, sebulba_ppo_pendulum
@@ -19,12 +20,7 @@ def _config(updates: int, module=sebulba_ppo_cartpole, **overrides):
     config.eval_every_updates = 0
     config.checkpoint_every_updates = 0
     config.timeout_s = 120.0
-    for key, value in overrides.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            node = node[parent]
-        node[leaf] = value
+    set_fields(config, overrides)
     return config
 
 

@@ -16,7 +16,7 @@ import os
 import jax
 import numpy as np
 import pytest
-from conftest import assert_trees_equal, relative_differences
+from conftest import assert_trees_equal, relative_differences, set_fields
 
 import anakin
 from anakin import runner
@@ -58,12 +58,7 @@ def _config(**overrides):
     config.total_env_steps = 16 * 10 * 5 * 2  # 2 chunks
     config.eval_every_updates = 10  # once, after the last chunk
     config.eval_episodes = 8
-    for key, value in overrides.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            node = node[parent]
-        node[leaf] = value
+    set_fields(config, overrides)
     return config
 
 
