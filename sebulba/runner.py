@@ -72,6 +72,7 @@ import functools
 import json
 import os
 import queue
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -476,13 +477,22 @@ class _Threads:
         run_start = time.perf_counter()
         stop = self._supervisor.stop
         outcome: Future = Future()
+        finished = threading.Event()
+
+        def learn() -> None:
+            try:
+                outcome.set_result(
+                    learner.run(stop, run.learner_state, run.learner_keys, run_start))
+            finally:
+                finished.set()
+
         with preemption:
             self._start_actors(compiled, wiring, actor_key, start)
-            self._supervisor.start(
-                f"learner-{self._plan.process_index}", lambda: outcome.set_result(
-                    learner.run(stop, run.learner_state, run.learner_keys, run_start)))
-            while not outcome.done() and not stop.is_set():
-                stop.wait(0.1)
+            self._supervisor.start(f"learner-{self._plan.process_index}", learn)
+            # Flags read without taking a lock, and a plain sleep: a KeyboardInterrupt landing
+            # here can never leave a lock held that the other threads need to stop.
+            while not finished.is_set() and not stop.is_set():
+                time.sleep(0.05)
         return _Watched(learner=outcome, run_start=run_start,
                         signal_received=preemption.received,
                         actor_params=[wiring.store.newest(i)

@@ -108,7 +108,16 @@ def test_ctrl_c_stops_a_run_within_seconds():
             raise AssertionError("the run never logged progress")
         stopped_at = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        returncode = proc.wait(timeout=30)
+        try:
+            returncode = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            tail = []
+            while not lines.empty():
+                tail.append(lines.get())
+            raise AssertionError("the run did not stop within 30 s of Ctrl-C; its last "
+                                 "output:\n" + "".join(tail[-40:])) from None
         assert time.monotonic() - stopped_at < 15
         assert returncode != 0
     finally:
