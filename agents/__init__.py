@@ -1,10 +1,15 @@
 """Agents: one sub-package each, pure functions behind `podracer.agent.Agent`.
 
-`make(config, env_spec)` builds the agent named by `config.name`; runners use only this.
+`make(config, env_spec)` builds the agent named by `config.name`; runners use only this. Every
+agent is registered with `register` — the built-in ones below, a researcher's own from their
+script or notebook — and is then selected like any other, `config.agent = <default_config>()`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -15,54 +20,85 @@ from podracer.agent import Agent
 from podracer.config import ConfigError
 from podracer.types import DiscreteSpec, EnvSpec
 
-
-def _vtrace(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
-    from agents import vtrace
-
-    return vtrace.make_agent(config, env_spec)
+MakeAgent = Callable[[ml_collections.ConfigDict, EnvSpec], Agent]
 
 
-def _ppo(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
-    from agents import ppo
-
-    return ppo.make_agent(config, env_spec)
-
-
-def _muzero(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
-    from agents import muzero
-
-    return muzero.make_agent(config, env_spec)
+@dataclasses.dataclass(frozen=True)
+class _Registration:
+    make_agent: MakeAgent
+    default_config: Callable[[], ml_collections.ConfigDict]
+    continuous_actions: bool
+    serial: int  # distinct for every registration, so a replaced one is told apart
 
 
-def _efficientzero(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
-    from agents import efficientzero
-
-    return efficientzero.make_agent(config, env_spec)
+_REGISTRY: dict[str, _Registration] = {}
+_SERIALS = itertools.count(1)
 
 
-_FACTORIES: dict[str, Callable[[ml_collections.ConfigDict, EnvSpec], Agent]] = {
-    "vtrace": _vtrace,
-    "muzero": _muzero,
-    "efficientzero": _efficientzero,
-    "ppo": _ppo,
-}
+def register(name: str, make_agent: MakeAgent, *,
+             default_config: Callable[[], ml_collections.ConfigDict],
+             continuous_actions: bool = False, replace: bool = False) -> None:
+    """Makes agent `name` available to both runners: `make_agent(config, env_spec)` builds it
+    (a `podracer.Agent`), `default_config()` returns its `ConfigDict` with `name` set to
+    `name`, and `continuous_actions` says whether it also acts in environments with continuous
+    actions of shape [D]. A name registered already is refused unless `replace=True` (a
+    notebook cell that defines and registers an agent can then be rerun after an edit)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"An agent's name must be a non-empty string, got {name!r}.")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"Agent {name!r} is already registered. Pass replace=True to replace "
+                         "it (e.g. after editing it in a notebook), or choose another name.")
+    if not callable(make_agent) or not callable(default_config):
+        raise TypeError("register takes make_agent(config, env_spec) -> Agent and "
+                        "default_config() -> ConfigDict, both callables.")
+    _REGISTRY[name] = _Registration(make_agent, default_config, bool(continuous_actions),
+                                    next(_SERIALS))
 
-# Agents whose policies also take continuous actions (an `ArraySpec` of shape [D]).
-_CONTINUOUS = frozenset({"ppo"})
+
+def _builtin(name: str, module: str, *, continuous_actions: bool = False) -> None:
+    # Imported when first used, so that `import agents` stays cheap.
+    def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
+        return importlib.import_module(module).make_agent(config, env_spec)
+
+    def default_config() -> ml_collections.ConfigDict:
+        return importlib.import_module(module).default_config()
+
+    register(name, make_agent, default_config=default_config,
+             continuous_actions=continuous_actions)
+
+
+_builtin("vtrace", "agents.vtrace")
+_builtin("muzero", "agents.muzero")
+_builtin("efficientzero", "agents.efficientzero")
+_builtin("ppo", "agents.ppo", continuous_actions=True)
+
+
+def registration_id(name: str) -> int:
+    """A number that differs for every registration of agent `name` (0 if unknown): what was
+    compiled from one registration is not reused for the next."""
+    registration = _REGISTRY.get(name)
+    return 0 if registration is None else registration.serial
+
+
+def default_config(name: str) -> ml_collections.ConfigDict:
+    """The registered agent `name`'s default config."""
+    if name not in _REGISTRY:
+        raise KeyError(f"Unknown agent {name!r}. Registered agents: {registered()}.")
+    return _REGISTRY[name].default_config()
 
 
 def registered() -> list[str]:
     """Agent names accepted by `make`, sorted."""
-    return sorted(_FACTORIES)
+    return sorted(_REGISTRY)
 
 
 def accepts_continuous_actions(name: str) -> bool:
     """Whether agent `name` can act in an environment with continuous actions of shape [D]."""
-    return name in _CONTINUOUS
+    return name in _REGISTRY and _REGISTRY[name].continuous_actions
 
 
 def continuous_agents() -> list[str]:
-    return sorted(_CONTINUOUS)
+    return sorted(n for n, r in _REGISTRY.items() if r.continuous_actions)
 
 
 def check_action_spec(action_spec: Any, agent_name: str, *, field: str, env_name: str) -> None:
@@ -88,10 +124,10 @@ def check_action_spec(action_spec: Any, agent_name: str, *, field: str, env_name
 
 def make(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     """Builds the agent `config.name` for an environment with `env_spec`."""
-    if config.name not in _FACTORIES:
+    if config.name not in _REGISTRY:
         raise KeyError(f"Unknown agent {config.name!r}. Registered agents: {registered()}.")
-    return _FACTORIES[config.name](config, env_spec)
+    return _REGISTRY[config.name].make_agent(config, env_spec)
 
 
-__all__ = ["accepts_continuous_actions", "check_action_spec", "continuous_agents", "make",
-           "registered"]
+__all__ = ["MakeAgent", "accepts_continuous_actions", "check_action_spec", "continuous_agents",
+           "default_config", "make", "register", "registered", "registration_id"]

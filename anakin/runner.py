@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+import agents
 import envs_jax
 from anakin.config import Run
 from anakin.plan import RunPlan, make_plan
@@ -557,7 +558,10 @@ def _programs(plan: RunPlan) -> _Programs:
         plain["agent"].pop(field, None)
     plain.pop("sweep", None)
     devices = [d.id for d in jax.devices()[:plan.num_devices]]
-    key = json.dumps([plain, devices, plan.num_runs, plan.sweep], sort_keys=True)
+    # A re-registered agent or environment (a notebook cell rerun after an edit) compiles anew.
+    registrations = [agents.registration_id(plan.agent_name),
+                     envs_jax.registration_id(plan.env_name)]
+    key = json.dumps([plain, devices, plan.num_runs, plan.sweep, registrations], sort_keys=True)
     if key in _PROGRAMS:
         _PROGRAMS[key] = _PROGRAMS.pop(key)  # most recently used last
         return _PROGRAMS[key]

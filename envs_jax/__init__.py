@@ -19,6 +19,7 @@ from envs_jax.registry import (
     register,
     register_namespace,
     registered,
+    registration_id,
 )
 from envs_jax.wrappers import (
     AutoReset,
@@ -71,5 +72,6 @@ __all__ = [
     "register",
     "register_namespace",
     "registered",
+    "registration_id",
     "wrap_for_training",
 ]

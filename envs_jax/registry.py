@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from envs_jax.base import Environment
 class _Entry:
     factory: Callable[..., Environment[Any]]
     max_episode_steps: int | None
+    serial: int  # distinct for every registration, so a replaced one is told apart
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,17 +46,31 @@ class _Namespace:
 _REGISTRY: dict[str, _Entry] = {}
 _NAMESPACES: dict[str, _Namespace] = {}
 _SEPARATOR = ":"
+_SERIALS = itertools.count(1)
 
 
 def register(
-    name: str, factory: Callable[..., Environment[Any]], *, max_episode_steps: int | None = None
+    name: str, factory: Callable[..., Environment[Any]], *, max_episode_steps: int | None = None,
+    replace: bool = False,
 ) -> None:
-    """Registers a native environment; `max_episode_steps` is its standard time limit."""
+    """Registers a native environment; `max_episode_steps` is its standard time limit. A name
+    registered already is refused unless `replace=True` (a notebook cell that defines and
+    registers an environment can then be rerun after an edit)."""
     if _SEPARATOR in name:
         raise ValueError(f"Native environment names cannot contain {_SEPARATOR!r}: {name!r}.")
-    if name in _REGISTRY:
-        raise ValueError(f"Environment {name!r} is already registered.")
-    _REGISTRY[name] = _Entry(factory, max_episode_steps)
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"Environment {name!r} is already registered. Pass replace=True to "
+                         "replace it (e.g. after editing it in a notebook), or choose another "
+                         "name.")
+    _REGISTRY[name] = _Entry(factory, max_episode_steps, next(_SERIALS))
+
+
+def registration_id(name: str) -> int:
+    """A number that differs for every registration of native environment `name` (0 for
+    adapted and unknown names): what compiled from one registration is not reused for the
+    next."""
+    entry = _REGISTRY.get(name)
+    return 0 if entry is None else entry.serial
 
 
 def register_namespace(namespace: str, *, library: str, adapter: str, extra: str) -> None:
