@@ -87,8 +87,14 @@ def test_a_failing_process_stops_the_whole_launch(tmp_path):
 
 
 def test_ctrl_c_stops_a_run_within_seconds():
+    # The run gets Ctrl-C's default disposition, as in a terminal: a suite started in the
+    # background by a non-interactive shell ignores SIGINT, and its children would inherit that.
+    as_in_a_terminal = ("import runpy, signal, sys\n"
+                        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                        "sys.argv[0] = 'experiments.sebulba'\n"
+                        "runpy.run_module('experiments.sebulba', run_name='__main__')\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "experiments.sebulba", f"--config={CARTPOLE}",
+        [sys.executable, "-c", as_in_a_terminal, f"--config={CARTPOLE}",
          "--config.total_env_steps=1000000000", "--config.log_every_updates=5"],
         cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue = queue.Queue()
