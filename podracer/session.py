@@ -38,7 +38,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any
 
 import jax
 import numpy as np
@@ -336,14 +336,6 @@ class RunSession:
             print(f"Continuing with changed config values (resume_allow_changes): {changed}",
                   flush=True)
 
-    def wait_for_checkpoints(self) -> float:
-        """Blocks until every checkpoint handed over is on disk; returns the seconds waited."""
-        if self.checkpointer is None:
-            return 0.0
-        started = time.perf_counter()
-        self.checkpointer.wait()
-        return time.perf_counter() - started
-
     def close(self, *, checkpoints: bool = True) -> None:
         """Closes the records, waits for the last checkpoint (unless `checkpoints=False`: a
         thread may still be writing) and releases the lock. Idempotent."""
@@ -359,12 +351,6 @@ class RunSession:
         finally:
             if self.lock is not None:
                 self.lock.release()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 __all__ = [
