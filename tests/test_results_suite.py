@@ -1,0 +1,71 @@
+"""The results suite (`experiments.benchmarks.suite`) at its smallest setting, so that it cannot
+rot: one agent on Catch, two seeds as one sweep, and a pair it must skip."""
+
+import json
+import os
+
+import pytest
+
+from experiments import plot
+from experiments.benchmarks import suite
+
+
+def test_returns_at_reads_the_last_record_at_or_before_the_point():
+    records = [{"env_steps": 100, "episode_return": 1.0},
+               {"env_steps": 200, "episode_return": float("nan")},
+               {"env_steps": 300, "episode_return": 3.0},
+               {"env_steps": 400, "loss": 0.5}]
+    assert suite.returns_at(records, 250) == 1.0  # the NaN record has no return
+    assert suite.returns_at(records, 300) == 3.0
+    assert suite.returns_at(records, 50) == 1.0  # before any record: the first
+    assert suite.returns_at(records, 10_000) == 3.0
+
+
+def test_budgets_follow_the_stated_protocol():
+    assert suite.budget("vtrace", "CartPole-v1") == 1_000_000
+    assert suite.budget("ppo", "gymnax:Breakout-MinAtar") == 10_000_000
+    assert suite.budget("muzero", "gymnax:Breakout-MinAtar") == 1_000_000
+    assert suite.budget("muzero", "gymnax:Breakout-MinAtar", minatar_steps=5) == 5
+    assert suite.budget("ppo", "catch", steps=7) == 7
+
+
+def test_the_pair_config_is_the_defaults_with_only_env_budget_seeds_and_logging_set():
+    import agents
+    import anakin
+    config = suite.pair_config("vtrace", "Acrobot-v1", (0, 1, 2), 1_000_000)
+    expected = anakin.default_config()
+    expected.agent = agents.default_config("vtrace")
+    changed = {k for k in config if config[k] != expected[k]}
+    assert changed == {"env", "total_env_steps", "sweep", "updates_per_chunk"}
+    assert config.agent.to_dict() == expected.agent.to_dict()
+    assert config.env.name == "Acrobot-v1" and tuple(config.sweep.seeds) == (0, 1, 2)
+
+
+def test_smallest_suite_runs_writes_its_table_and_refuses_to_overwrite(tmp_path):
+    out = str(tmp_path / "results")
+    steps = 4 * 256 * 20  # four updates of the runner's default 256 envs x T = 20
+    results = suite.run_suite(out, ["vtrace"], ["catch", "Pendulum-v1"], [0, 1], steps=steps)
+    rows = {(r["agent"], r["env"]): r for r in results["pairs"]}
+    assert rows[("vtrace", "Pendulum-v1")]["skipped"]
+    catch = rows[("vtrace", "catch")]
+    assert catch["budget"] == steps and catch["env_steps"] == steps
+    end = catch["points"][-1]
+    assert len(end["seeds"]) == 2 and end["min"] <= end["mean"] <= end["max"]
+    assert -1.0 <= end["min"] and end["max"] <= 1.0  # Catch's returns
+    # The table's figures are those of the runs' own records.
+    runs = plot.load_runs(os.path.join(out, "runs", "vtrace", "catch"))
+    assert [r.records[-1]["episode_return"] for r in runs] == pytest.approx(end["seeds"])
+    for name in ("results.md", "results.json", "curves_catch.png"):
+        assert os.path.getsize(os.path.join(out, name)) > 0
+    with open(os.path.join(out, "results.md")) as f:
+        table = f.read()
+    assert "| vtrace | catch | 20.48K |" in table and "discrete actions only" in table
+    with open(os.path.join(out, "results.json")) as f:
+        assert json.load(f)["seeds"] == [0, 1]
+    before = sorted(os.listdir(out))
+    with pytest.raises(FileExistsError, match="--resume"):
+        suite.run_suite(out, ["vtrace"], ["catch"], [0, 1], steps=steps)
+    assert sorted(os.listdir(out)) == before
+    # --resume finishes without running the finished pair again.
+    again = suite.run_suite(out, ["vtrace"], ["catch"], [0, 1], steps=steps, resume=True)
+    assert again["pairs"][0]["wall_seconds"] == catch["wall_seconds"]
