@@ -166,7 +166,7 @@ def _compile(programs: _Programs, plan: RunPlan, state: RunnerState, *,
     if checkpoints:
         jax.block_until_ready(snapshot(state).digest)
     if plan.eval_every > 0:
-        params = replication.unreplicate(programs.agent.actor_params(state.learner_state))
+        params = programs.eval_params(state.learner_state)
         keys = np.zeros((plan.num_runs, 2) if plan.sweep else (2,), np.uint32)
         programs.evaluator(plan.eval_episodes, plan.eval_max_steps, params, keys)
     return programs.chunk_fn
@@ -332,7 +332,7 @@ class _HostLoop:
         Its inputs are computed on the devices, so nothing here waits for the chunk."""
         plan = self.plan
         keys = jnp.stack([eval_key(seed, updates) for seed in plan.seeds])
-        params = replication.unreplicate(self.programs.agent.actor_params(state.learner_state))
+        params = self.programs.eval_params(state.learner_state)
         args = (params, keys if plan.sweep else keys[0])
         return self.programs.evaluator(plan.eval_episodes, plan.eval_max_steps, *args)(*args)
 
@@ -507,6 +507,18 @@ class _Programs:
     hparam_names: tuple[str, ...]  # the agent's hyperparameters that `init_fn` takes as inputs
     chunk_fn: Callable | None = None  # compiled for the state `init_fn` returns
     evaluators: dict[tuple[int, int], Callable] = dataclasses.field(default_factory=dict)
+    stacked_actor_params: Callable | None = None
+
+    def eval_params(self, learner_state: Any) -> Any:
+        """The actor parameters of this process's first device, for the evaluator: the
+        agent's `actor_params` mapped over the devices (and a sweep's runs) as the chunk maps
+        it, so that it always sees one learner state, never the stacked ones (an accessor
+        that returns a constant, e.g. a fixed acting temperature, gives that constant once
+        per device and run)."""
+        if self.stacked_actor_params is None:
+            fn = jax.vmap(self.agent.actor_params)
+            self.stacked_actor_params = jax.jit(jax.vmap(fn) if self.sweep else fn)
+        return replication.unreplicate(self.stacked_actor_params(learner_state))
 
     def evaluator(self, num_episodes: int, max_steps: int, params: Any, keys: Any) -> Callable:
         """The evaluator, compiled ahead for arguments like `params` and `keys` (compiling

@@ -108,3 +108,39 @@ def test_a_replaced_environment_is_not_served_by_the_program_compiled_for_the_ol
     assert any(abs(r["episode_return"]) > 0.05 for r in first)
     assert [r["episode_return"] for r in second] == pytest.approx(
         [10 * r["episode_return"] for r in first], rel=1e-5)
+
+
+def _constant_temperature_make_agent(config, env_spec):
+    """V-trace whose actor parameters carry a constant beside the network's (as
+    EfficientZero's carry a fixed acting temperature): `actor_params` returns a leaf that does
+    not come from the learner state."""
+    import jax.numpy as jnp
+
+    base = vtrace.make_agent(config, env_spec)
+    return base._replace(
+        actor_params=lambda state: {"network": base.actor_params(state),
+                                    "temperature": jnp.asarray(1.0, jnp.float32)},
+        actor_step=lambda params, actor_state, timestep, key, evaluation=False:
+            base.actor_step(params["network"], actor_state, timestep, key,
+                            evaluation=evaluation))
+
+
+def test_evaluation_of_a_sweep_takes_actor_params_per_run():
+    def config_fn():
+        config = _my_config()
+        config.name = "constant_leaf"
+        return config
+
+    agents.register("constant_leaf", _constant_temperature_make_agent,
+                    default_config=config_fn, replace=True)
+    try:
+        config = small_catch_config(eval_every_updates=10)
+        config.agent = config_fn()
+        config.sweep.seeds = (0, 1)
+        result = anakin.train(config)
+    finally:
+        agents._REGISTRY.pop("constant_leaf", None)
+    # Evaluated after chunks 2 and 4, each run on its own: Catch's returns are in [-1, 1].
+    for history in result.run_histories:
+        evals = [r["eval_return"] for r in history if "eval_return" in r]
+        assert len(evals) == 2 and all(-1.0 <= e <= 1.0 for e in evals)
