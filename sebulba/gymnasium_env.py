@@ -168,6 +168,15 @@ def _worker(pipe, payload: bytes) -> None:
         env.close()
 
 
+def _context() -> multiprocessing.context.BaseContext:
+    """Worker processes start from a fork server that has imported this module (and so
+    gymnasium) once: never a fork of a process running JAX's threads, and no import of the
+    libraries per worker."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
 class _Workers:
     """`num_workers` processes, each stepping a `SyncVectorEnv` of `num_envs / num_workers`
     environments; the same `step`/`reset` as one vector env (only `final_obs` of the info)."""
@@ -177,7 +186,7 @@ class _Workers:
         import cloudpickle
 
         self._size = num_envs // num_workers
-        context = multiprocessing.get_context("spawn")  # never fork a process running JAX
+        context = _context()
         payload = cloudpickle.dumps((spec, self._size, mode, dict(kwargs)))
         self._pipes, self._processes = [], []
         for _ in range(num_workers):
