@@ -27,7 +27,8 @@ from podracer.types import EnvSpec, TimeStep
 
 KINDS = ("envpool", "gymnasium", "envs_jax")
 AUTORESET_MODES = ("next_step", "same_step", "disabled")  # gymnasium's, as config values
-GYMNASIUM_INSTALL = "pip install gymnasium (the versions pyproject.toml names)"
+GYMNASIUM_INSTALL = ("pip install gymnasium (a main dependency, pinned in pyproject.toml: "
+                     "pip install -e . installs it)")
 
 
 class HostEnv(Protocol):
