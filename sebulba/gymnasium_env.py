@@ -133,8 +133,10 @@ def _make_vector_env(spec: gymnasium.envs.registration.EnvSpec, num_envs: int, m
                               wrappers=wrappers, **dict(kwargs))
 
 
-def _seeds(seed: int, num_envs: int) -> list[int]:
-    return [int(s) for s in np.random.SeedSequence(seed).generate_state(num_envs) % (2**31 - 1)]
+def seeds(seed: int, num_envs: int, resets: int = 0) -> list[int]:
+    """The seeds of a batch's environments at its full reset number `resets` (0 first)."""
+    state = np.random.SeedSequence([seed, resets]).generate_state(num_envs)
+    return [int(s) for s in state % (2**31 - 1)]
 
 
 def _results(obs, reward, terminated, truncated, info) -> tuple:
@@ -293,45 +295,52 @@ class GymnasiumEnv:
 
     def reset(self) -> TimeStep:
         # Each full reset seeds the environments afresh from (seed, how many resets so far).
-        seeds = _seeds(self._seed + 7919 * self._resets, self.num_envs)
+        env_seeds = seeds(self._seed, self.num_envs, self._resets)
         self._resets += 1
         options = None if self.autoreset_mode == "next_step" else {_FULL_RESET: True}
-        obs, _ = self._env.reset(seed=seeds, options=options)
-        self._last[:] = False
-        self._return[:] = 0.0
-        self._length[:] = 0
+        obs, _ = self._env.reset(seed=env_seeds, options=options)
         n = self.num_envs
+        # New arrays, never changed in place: earlier timesteps' extras may hold the old ones.
+        self._last = np.zeros(n, bool)
+        self._return = np.zeros(n, np.float32)
+        self._length = np.zeros(n, np.int32)
         return TimeStep(step_type=np.full(n, StepType.FIRST, np.int32),
                         reward=np.zeros(n, np.float32), discount=np.ones(n, np.float32),
-                        observation=np.asarray(obs), extras=self._extras(np.zeros(n, bool)))
+                        observation=np.asarray(obs), extras=self._extras(self._last))
 
     def step(self, action: np.ndarray) -> TimeStep:
         reset = self._last  # these environments ignore `action` and start a new episode
-        if self.autoreset_mode == "disabled" and reset.any():
+        any_reset = reset.any()
+        if self.autoreset_mode == "disabled" and any_reset:
             self._env.reset(options={"reset_mask": reset.copy()})  # held for this step
         obs, reward, terminated, truncated, final = self._env.step(np.asarray(action))
         obs = np.asarray(obs)
-        terminated = np.asarray(terminated, bool) & ~reset
-        truncated = np.asarray(truncated, bool) & ~reset
-        ended = terminated | truncated
+        reward = np.asarray(reward, np.float32)
+        terminated = np.asarray(terminated, bool)
+        ended = terminated | np.asarray(truncated, bool)
+        step_type = np.where(ended, np.int32(StepType.LAST), np.int32(StepType.MID))
+        self._return = self._return + reward
+        self._length = self._length + 1
+        if any_reset:  # (gymnasium already gives reward 0 and no end on these steps)
+            step_type[reset] = StepType.FIRST
+            ended[reset] = False
+            terminated = terminated & ~reset
+            reward = np.where(reset, np.float32(0.0), reward)
+            self._return[reset] = 0.0
+            self._length[reset] = 0
         if final is not None:  # same_step: the LAST step's observation is the final one
             mask, final_obs = final
             obs = np.where(
                 (mask & ended).reshape((-1,) + (1,) * (obs.ndim - 1)), final_obs, obs
             ).astype(obs.dtype)
-        step_type = np.where(reset, StepType.FIRST,
-                             np.where(ended, StepType.LAST, StepType.MID)).astype(np.int32)
-        discount = np.where(terminated, 0.0, 1.0).astype(np.float32)
-        reward = np.where(reset, 0.0, np.asarray(reward)).astype(np.float32)
-        self._return = np.where(reset, 0.0, self._return + reward).astype(np.float32)
-        self._length = np.where(reset, 0, self._length + 1).astype(np.int32)
         self._last = ended
-        return TimeStep(step_type=step_type, reward=reward, discount=discount, observation=obs,
+        return TimeStep(step_type=step_type, reward=reward,
+                        discount=(~terminated).astype(np.float32), observation=obs,
                         extras=self._extras(ended))
 
     def _extras(self, game_over: np.ndarray) -> dict[str, np.ndarray]:
-        return {"episode_return": self._return.copy(), "episode_length": self._length.copy(),
-                "game_over": game_over.copy()}
+        return {"episode_return": self._return, "episode_length": self._length,
+                "game_over": game_over}
 
     def close(self) -> None:
         self._env.close()

@@ -65,7 +65,7 @@ def _reference_gymnasium(gym_id, num_envs, seed, actions, **kwargs):
     """[T+1] of (step type, reward, discount, observation, episode return, game over) per
     environment, from single gymnasium environments with the layout's rule applied by hand."""
     envs = [gymnasium.make(gym_id, **kwargs) for _ in range(num_envs)]
-    seeds = gymnasium_env._seeds(seed, num_envs)
+    seeds = gymnasium_env.seeds(seed, num_envs)
     obs = [env.reset(seed=s)[0] for env, s in zip(envs, seeds)]
     out = [[(StepType.FIRST, 0.0, 1.0, o, 0.0, False)] for o in obs]
     returns = [0.0] * num_envs
