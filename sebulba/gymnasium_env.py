@@ -148,26 +148,43 @@ def _results(obs, reward, terminated, truncated, info) -> tuple:
 
 
 def _worker(pipe, payload: bytes) -> None:
-    """A worker process: one `SyncVectorEnv` of its share of the environments."""
+    """A worker process: one `SyncVectorEnv` of its share of the environments. Answers every
+    command with ("ok", result) or, if the environment raised, ("error", its traceback)."""
+    import traceback
+
     import cloudpickle
 
-    spec, num_envs, mode, kwargs = cloudpickle.loads(payload)
-    env = _make_vector_env(spec, num_envs, mode, kwargs)
+    env = None
     try:
+        spec, num_envs, mode, kwargs = cloudpickle.loads(payload)
+        env = _make_vector_env(spec, num_envs, mode, kwargs)
+        pipe.send(("ok", None))
         while True:
             command, data = pipe.recv()
-            if command == "step":
-                pipe.send(_results(*env.step(data)))
-            elif command == "reset":
-                obs, _ = env.reset(**data)
-                pipe.send(obs)
-            elif command == "close":
-                pipe.send(None)
+            if command == "close":
+                pipe.send(("ok", None))
                 return
+            try:
+                result = (_results(*env.step(data)) if command == "step"
+                          else env.reset(**data)[0])
+            except Exception:  # noqa: BLE001 (sent to the parent, which raises it)
+                pipe.send(("error", traceback.format_exc()))
+                continue
+            pipe.send(("ok", result))
     except (EOFError, KeyboardInterrupt):
         return
+    except Exception:  # noqa: BLE001 (making the environments failed)
+        pipe.send(("error", traceback.format_exc()))
     finally:
-        env.close()
+        if env is not None:
+            env.close()
+
+
+def _receive(pipe) -> Any:
+    status, result = pipe.recv()
+    if status == "error":
+        raise RuntimeError(f"a gymnasium worker process failed:\n{result}")
+    return result
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -198,6 +215,12 @@ class _Workers:
             child.close()
             self._pipes.append(parent)
             self._processes.append(process)
+        try:
+            for pipe in self._pipes:
+                _receive(pipe)  # each worker has made its environments (or says why not)
+        except BaseException:
+            self.close()
+            raise
 
     def _split(self, x: np.ndarray | None, i: int) -> Any:
         return None if x is None else x[i * self._size:(i + 1) * self._size]
@@ -215,13 +238,13 @@ class _Workers:
                 data["options"]["reset_mask"] = part
             pipe.send(("reset", data))
             busy.append(i)
-        outs = {i: self._pipes[i].recv() for i in busy}
+        outs = {i: _receive(self._pipes[i]) for i in busy}
         return (np.concatenate([outs[i] for i in busy]) if mask is None else outs), {}
 
     def step(self, action: np.ndarray) -> tuple:
         for i, pipe in enumerate(self._pipes):
             pipe.send(("step", self._split(action, i)))
-        parts = [pipe.recv() for pipe in self._pipes]
+        parts = [_receive(pipe) for pipe in self._pipes]
         obs, reward, terminated, truncated = (np.concatenate([p[k] for p in parts])
                                               for k in range(4))
         finals = [p[4] for p in parts]
@@ -238,7 +261,7 @@ class _Workers:
             try:
                 pipe.send(("close", None))
                 pipe.recv()
-            except (BrokenPipeError, EOFError, OSError):
+            except (BrokenPipeError, EOFError, OSError, RuntimeError):
                 pass
         for process in self._processes:
             process.join(timeout=5)

@@ -57,6 +57,18 @@ class Cue(gymnasium.Env):
 gymnasium.register("PodracerCue-v0", entry_point=Cue)
 
 
+class Broken(Cue):
+    """Cue whose third step raises."""
+
+    def step(self, action):
+        if self._t == 2:
+            raise ValueError("boom at the third step")
+        return super().step(action)
+
+
+gymnasium.register("PodracerBroken-v0", entry_point=Broken)
+
+
 # ---------------------------------------------------------------------------------------------
 # The layout, checked against stepping the environments directly
 
@@ -124,6 +136,18 @@ def test_gymnasium_cartpole_matches_stepping_it_directly(mode, num_workers):
     last = np.array([t.step_type[0] == StepType.LAST for t in timesteps])
     final = np.array([t.observation[0] for t in timesteps])[last]
     assert np.all((np.abs(final[:, 2]) > 12 * 2 * np.pi / 360) | (np.abs(final[:, 0]) > 2.4))
+
+
+def test_a_failing_environment_in_a_worker_process_raises_its_error_here():
+    env = GymnasiumEnv("PodracerBroken-v0", 2, seed=0, num_workers=1)
+    try:
+        env.reset()
+        env.step(np.zeros(2, np.int32))
+        env.step(np.zeros(2, np.int32))
+        with pytest.raises(RuntimeError, match="boom at the third step"):
+            env.step(np.zeros(2, np.int32))
+    finally:
+        env.close()
 
 
 def test_a_full_reset_starts_every_environment_afresh_in_every_mode():
