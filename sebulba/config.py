@@ -7,6 +7,7 @@ import dataclasses
 
 import jax
 import ml_collections
+import numpy as np
 
 import agents
 from podracer import config as cfg
@@ -215,8 +216,21 @@ def _host_spec(kind: str, name: str, task: str, options: dict[str, object],
                               "remove or correct the offending option") from e
 
 
+def _same_spec(a: envpool_env.EnvSpec, b: envpool_env.EnvSpec) -> bool:
+    """Field by field, bounds compared as arrays (`==` on specs holding arrays of several
+    entries is ambiguous)."""
+    for x, y in ((a.observation, b.observation), (a.action, b.action)):
+        if type(x) is not type(y):
+            return False
+        for field in dataclasses.fields(x):
+            u, v = getattr(x, field.name), getattr(y, field.name)
+            if (u is None) != (v is None) or (u is not None and not np.array_equal(u, v)):
+                return False
+    return True
+
+
 def _require_same_spec(spec: envpool_env.EnvSpec, eval_spec: envpool_env.EnvSpec) -> None:
-    if eval_spec != spec:
+    if not _same_spec(spec, eval_spec):
         raise cfg.ConfigError("env.eval_kwargs", "change the observation or action spec "
                               f"({eval_spec} vs training's {spec})",
                               "only change options that keep the spec (e.g. episodic_life)")

@@ -69,6 +69,18 @@ class Broken(Cue):
 gymnasium.register("PodracerBroken-v0", entry_point=Broken)
 
 
+class Cue64(Cue):
+    """Cue with float64 observations, gymnasium's default dtype for a Box."""
+
+    observation_space = gymnasium.spaces.Box(0.0, 1.0, (2,), np.float64)
+
+    def _observe(self):
+        return super()._observe().astype(np.float64)
+
+
+gymnasium.register("PodracerCue64-v0", entry_point=Cue64)
+
+
 # ---------------------------------------------------------------------------------------------
 # The layout, checked against stepping the environments directly
 
@@ -296,6 +308,25 @@ def test_validation_records_the_kind_and_its_stepping():
                            num_processes=1).environment
     assert (env.kind, env.name) == ("envs_jax", "catch")
     assert env.spec == envs_jax.wrap_for_training(envs_jax.make("catch")).spec()
+
+
+def test_continuous_actions_and_float64_observations():
+    """PPO's continuous tasks validate from either kind (bounds of several entries compared
+    as arrays); float64 observations arrive as float32, as the spec says."""
+    from experiments.configs import sebulba_ppo_pendulum
+
+    for task in ("gymnasium:Pendulum-v1", "envs_jax:Pendulum-v1"):
+        config = sebulba_ppo_pendulum.get_config()
+        config.env.task = task
+        spec = sebulba.validate(config, num_local_devices=1, num_processes=1).environment.spec
+        assert spec.action.shape == (1,) and spec.observation.shape == (3,)
+    env = GymnasiumEnv("PodracerCue64-v0", 2, seed=0)
+    try:
+        assert env.spec().observation.dtype == np.float32
+        assert env.reset().observation.dtype == np.float32
+        assert env.step(np.zeros(2, np.int32)).observation.dtype == np.float32
+    finally:
+        env.close()
 
 
 def test_without_gymnasium_a_gymnasium_task_says_how_to_install_it(monkeypatch):
