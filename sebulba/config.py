@@ -34,8 +34,8 @@ def default_config() -> ml_collections.ConfigDict:
     # episodic_life=False for whole games.
     config.env.eval_kwargs = ml_collections.ConfigDict()
     config.env.num_threads = 1  # envpool C++ threads per actor thread; 0 = envpool's default
-    # gymnasium: worker processes per actor thread, each stepping envs_per_actor_thread /
-    # num_workers environments; 0 = a SyncVectorEnv in the actor thread
+    # gymnasium: worker processes per actor thread (and for the evaluation's batch), each
+    # stepping its share of the batch; 0 = a SyncVectorEnv in the actor thread
     config.env.num_workers = 0
     config.env.autoreset_mode = "next_step"  # gymnasium's vector env: next_step|same_step|disabled
     config.agent = None  # the experiment sets it, e.g. config.agent = vtrace.default_config()
@@ -150,12 +150,6 @@ def _stepping(config: ml_collections.ConfigDict, kind: str) -> host_env.Stepping
         if mode not in host_env.AUTORESET_MODES:
             raise cfg.ConfigError("env.autoreset_mode", f"{mode!r} is not an autoreset mode",
                                   f"use one of {host_env.AUTORESET_MODES}")
-        if num_workers and config.envs_per_actor_thread % num_workers:
-            raise cfg.ConfigError(
-                "env.num_workers", f"{num_workers} workers cannot share "
-                f"envs_per_actor_thread={config.envs_per_actor_thread} environments equally",
-                "choose a divisor of envs_per_actor_thread, or 0 to step them in the actor "
-                "thread")
     return host_env.Stepping(num_threads=config.env.num_threads, num_workers=num_workers,
                              autoreset_mode=mode)
 

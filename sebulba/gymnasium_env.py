@@ -3,9 +3,10 @@
 Any id in gymnasium's registry (one the researcher registered with `gymnasium.register`
 included) is stepped as a gymnasium vector environment: a `SyncVectorEnv` in the actor thread
 (`num_workers=0`), or `num_workers` worker processes, each stepping a `SyncVectorEnv` of its
-`B / num_workers` environments (`num_workers == B`: one environment per process, as gymnasium's
-`AsyncVectorEnv`). The conversion follows `sebulba.envpool_env`'s table in every autoreset mode
-of the vector environment (`config.env.autoreset_mode`):
+share of the B environments (B / `num_workers`, or one more for the first B % `num_workers`;
+`num_workers >= B`: one environment per process, as gymnasium's `AsyncVectorEnv`). The
+conversion follows `sebulba.envpool_env`'s table in every autoreset mode of the vector
+environment (`config.env.autoreset_mode`):
 
     gymnasium step k returns                   we return
     ----------------------------------------   ---------------------------------------------
@@ -209,18 +210,21 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 class _Workers:
-    """`num_workers` processes, each stepping a `SyncVectorEnv` of `num_envs / num_workers`
-    environments; the same `step`/`reset` as one vector env (only `final_obs` of the info)."""
+    """`num_workers` processes (at most `num_envs`), each stepping a `SyncVectorEnv` of its
+    consecutive share of the environments (sizes differing by at most one); the same
+    `step`/`reset` as one vector env (only `final_obs` of the info)."""
 
     def __init__(self, spec, num_envs: int, num_workers: int, mode: str,
                  kwargs: Mapping[str, Any]):
         import cloudpickle
 
-        self._size = num_envs // num_workers
+        num_workers = min(num_workers, num_envs)
+        sizes = [len(part) for part in np.array_split(np.arange(num_envs), num_workers)]
+        self._bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         context = _context()
-        payload = cloudpickle.dumps((spec, self._size, mode, dict(kwargs)))
         self._pipes, self._processes = [], []
-        for _ in range(num_workers):
+        for size in sizes:
+            payload = cloudpickle.dumps((spec, size, mode, dict(kwargs)))
             parent, child = context.Pipe()
             process = context.Process(target=_worker, args=(child, payload), daemon=True)
             process.start()
@@ -235,7 +239,7 @@ class _Workers:
             raise
 
     def _split(self, x: np.ndarray | None, i: int) -> Any:
-        return None if x is None else x[i * self._size:(i + 1) * self._size]
+        return None if x is None else x[self._bounds[i]:self._bounds[i + 1]]
 
     def reset(self, *, seed: list[int] | None = None, options: dict | None = None) -> tuple:
         options = dict(options or {})
@@ -262,8 +266,8 @@ class _Workers:
         finals = [p[4] for p in parts]
         final = None
         if any(f is not None for f in finals):
-            final = (np.concatenate([f[0] if f is not None else np.zeros(self._size, bool)
-                                     for f in finals]),
+            final = (np.concatenate([f[0] if f is not None else np.zeros(len(p[0]), bool)
+                                     for f, p in zip(finals, parts)]),
                      np.concatenate([f[1] if f is not None else p[0]
                                      for f, p in zip(finals, parts)]))
         return obs, reward, terminated, truncated, final
@@ -306,8 +310,6 @@ class GymnasiumEnv:
         if autoreset_mode not in AUTORESET_MODES:
             raise ValueError(f"autoreset_mode {autoreset_mode!r} is not one of "
                              f"{AUTORESET_MODES}")
-        if num_workers and num_envs % num_workers:
-            raise ValueError(f"{num_envs} environments do not split over {num_workers} workers")
         self.task = gym_id
         self.num_envs = num_envs
         self.kwargs = dict(kwargs or {})
