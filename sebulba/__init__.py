@@ -1,5 +1,6 @@
-"""Sebulba: envpool environments on the host, actor threads per actor device, trajectories sent
-device-to-device to learner devices, a replicated learner, parameters pushed back to the actors.
+"""Sebulba: environments on the host (envpool's, gymnasium's or envs_jax's: `sebulba.host_env`),
+actor threads per actor device, trajectories sent device-to-device to learner devices, a
+replicated learner, parameters pushed back to the actors.
 """
 
 from sebulba.actor import Actor

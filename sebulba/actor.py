@@ -1,4 +1,5 @@
-"""A Sebulba actor: one envpool batch of B environments on the host, inference on one actor
+"""A Sebulba actor: one batch of B host environments (`sebulba.host_env`: envpool, gymnasium or
+envs_jax), inference on one actor
 device, and rollouts sent, split along B, to the learner devices.
 
     timestep = env.reset()
@@ -6,7 +7,7 @@ device, and rollouts sent, split along B, to the learner devices.
         params = store.wait_for(version for rollout k)     # "fixed"; "latest": store.newest
         repeat T times:
             on the actor device: action, extras = actor_step(params, observation, step type)
-            on the host:         timestep = env.step(action)   # envpool's C++ threads
+            on the host:         timestep = env.step(action)   # e.g. envpool's C++ threads
         rewards, discounts [T+1, B] -> the actor device       # one transfer per rollout
         on the actor device: stack the T+1 timesteps, T actions and extras -> [T+1, B]
                              and split along B into L shards [T+1, B/L]
@@ -35,6 +36,7 @@ import numpy as np
 from podracer.agent import Agent
 from podracer.types import TimeStep, Trajectory
 from sebulba import envpool_env
+from sebulba.host_env import HostEnv
 from sebulba.params import ParamsStore, rollout_version
 from sebulba.threads import ProgressClock, put
 
@@ -93,13 +95,15 @@ def acting_view(timestep: TimeStep) -> TimeStep:
                     observation=timestep.observation)
 
 
-def make_act(agent: Agent, *, evaluation: bool) -> Callable:
+def make_act(agent: Agent, *, evaluation: bool,
+             to_agent_layout: Callable = envpool_env.to_agent_layout) -> Callable:
     """`act(params, actor_state, timestep, key) -> (action, actor_state, extras, key)`, on the
-    envpool layout of `timestep`'s observations."""
+    host environment's layout of `timestep`'s observations (`to_agent_layout`:
+    `sebulba.host_env.agent_layout(kind)`; envpool's by default)."""
 
     def act(params, actor_state, timestep, key):
         key, act_key = jax.random.split(key)
-        timestep = timestep.replace(observation=envpool_env.to_agent_layout(timestep.observation))
+        timestep = timestep.replace(observation=to_agent_layout(timestep.observation))
         action, actor_state, extras = agent.actor_step(params, actor_state, timestep, act_key,
                                                        evaluation=evaluation)
         return action, actor_state, extras, key
@@ -107,7 +111,9 @@ def make_act(agent: Agent, *, evaluation: bool) -> Callable:
     return act
 
 
-def make_actor_functions(agent: Agent, num_shards: int) -> tuple[Callable, Callable]:
+def make_actor_functions(agent: Agent, num_shards: int,
+                         to_agent_layout: Callable = envpool_env.to_agent_layout
+                         ) -> tuple[Callable, Callable]:
     """The jitted `act(params, actor_state, timestep, key)` and
     `pack(observed, rewards, discounts, actions, extras) -> tuple of num_shards Trajectory
     shards`, where `observed` are the T+1 `acting_view`s already on the actor device and
@@ -118,8 +124,7 @@ def make_actor_functions(agent: Agent, num_shards: int) -> tuple[Callable, Calla
             step_type=jnp.stack([t.step_type for t in observed]),
             reward=rewards,
             discount=discounts,
-            observation=jnp.stack([envpool_env.to_agent_layout(t.observation)
-                                   for t in observed]),
+            observation=jnp.stack([to_agent_layout(t.observation) for t in observed]),
         )
         trajectory = Trajectory(timestep=timestep, action=jnp.stack(actions),
                                 extras=jax.tree.map(lambda *xs: jnp.stack(xs), *extras))
@@ -129,7 +134,8 @@ def make_actor_functions(agent: Agent, num_shards: int) -> tuple[Callable, Calla
             for i in range(num_shards)
         )
 
-    return jax.jit(make_act(agent, evaluation=False)), jax.jit(pack)
+    return (jax.jit(make_act(agent, evaluation=False, to_agent_layout=to_agent_layout)),
+            jax.jit(pack))
 
 
 @dataclasses.dataclass
@@ -143,7 +149,7 @@ class Actor:
     """
 
     agent: Agent
-    env: envpool_env.EnvpoolEnv
+    env: HostEnv
     act: Callable  # from `make_actor_functions`
     pack: Callable  # from `make_actor_functions`, with len(learner_devices) shards
     store: ParamsStore

@@ -7,10 +7,11 @@ import dataclasses
 
 import jax
 import ml_collections
+import numpy as np
 
 import agents
 from podracer import config as cfg
-from sebulba import envpool_env
+from sebulba import envpool_env, host_env
 
 STALENESS = ("fixed", "latest")
 
@@ -23,13 +24,20 @@ def default_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0  # with config and devices, fixes a fixed-lag run (README: Determinism)
     config.env = ml_collections.ConfigDict()
-    config.env.task = "CartPole-v1"  # any envpool task id
+    # An envpool task id, "gymnasium:<id>" (any id in gymnasium's registry) or
+    # "envs_jax:<name>" (any name envs_jax.make accepts): sebulba.host_env.
+    config.env.task = "CartPole-v1"
     config.env.protocol = "none"  # Atari only: a name in sebulba.ATARI_PROTOCOLS
-    config.env.kwargs = ml_collections.ConfigDict()  # envpool options over the protocol's (recorded)
+    # envpool options over the protocol's, or gymnasium.make's / envs_jax.make's (recorded)
+    config.env.kwargs = ml_collections.ConfigDict()
     # Evaluation's options over those (recorded, and kept to the training spec), e.g.
     # episodic_life=False for whole games.
     config.env.eval_kwargs = ml_collections.ConfigDict()
     config.env.num_threads = 1  # envpool C++ threads per actor thread; 0 = envpool's default
+    # gymnasium: worker processes per actor thread (and for the evaluation's batch), each
+    # stepping its share of the batch; 0 = a SyncVectorEnv in the actor thread
+    config.env.num_workers = 0
+    config.env.autoreset_mode = "next_step"  # gymnasium's vector env: next_step|same_step|disabled
     config.agent = None  # the experiment sets it, e.g. config.agent = vtrace.default_config()
     # Devices are indices into each process's local devices; the same ones may act and learn
     # (on an 8-GPU host, e.g. actor_device_ids=(0, 1) and learner_device_ids=(2, ..., 7)).
@@ -68,7 +76,7 @@ class Topology:
     learner_device_ids: tuple[int, ...]
     actor_threads_per_device: int
     num_processes: int
-    environment: Environment | None = None  # the envpool task as validated (see below)
+    environment: Environment | None = None  # the task as validated (see below)
 
     @property
     def num_actor_threads(self) -> int:
@@ -114,11 +122,120 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
     cfg.validate_run_options(config)  # checkpoint_* and eval_*
 
     # ENVIRONMENT
+    environment = _environment(config)
+    agents.check_action_spec(environment.spec.action, config.agent.name, field="env.task",
+                             env_name=environment.task)
+
+    # DEVICES
+    actor_ids = _device_ids(config, "actor_device_ids", num_local)
+    learner_ids = _device_ids(config, "learner_device_ids", num_local)
+    # Each actor thread splits its [T, B] trajectory along B, one shard per learner device.
+    cfg.require_divisible(config, "envs_per_actor_thread", len(learner_ids),
+                          "the number of learner devices")
+    return Topology(actor_device_ids=actor_ids, learner_device_ids=learner_ids,
+                    actor_threads_per_device=config.actor_threads_per_device,
+                    num_processes=num_processes,
+                    environment=environment)
+
+
+def _stepping(config: ml_collections.ConfigDict, kind: str) -> host_env.Stepping:
+    """The stepping fields of `kind` (the others' are left as they are, unread)."""
+    num_workers = config.env.get("num_workers", 0)
+    mode = config.env.get("autoreset_mode", "next_step")
+    if kind == "gymnasium":
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
+            raise cfg.ConfigError("env.num_workers", f"must be an integer >= 0, got "
+                                  f"{num_workers!r}", "use 0 (step in the actor thread) or a "
+                                  "number of worker processes")
+        if mode not in host_env.AUTORESET_MODES:
+            raise cfg.ConfigError("env.autoreset_mode", f"{mode!r} is not an autoreset mode",
+                                  f"use one of {host_env.AUTORESET_MODES}")
+    return host_env.Stepping(num_threads=config.env.num_threads, num_workers=num_workers,
+                             autoreset_mode=mode)
+
+
+def _environment(config: ml_collections.ConfigDict) -> Environment:
+    """The task, its training and evaluation options and its spec, checked before anything is
+    compiled; a bad task or option names its field and the fix."""
     task = cfg.get(config, "env.task")
+    protocol = cfg.get(config, "env.protocol")
+    kind, name = host_env.parse_task(task)
+    stepping = _stepping(config, kind)
+    if kind == "envpool":
+        options, eval_options, spec = _envpool_environment(config, task, protocol)
+    else:
+        if protocol not in ("", "none"):
+            raise cfg.ConfigError("env.protocol", f"{protocol!r} applies to envpool's Atari "
+                                  "tasks only", f"set --config.env.protocol=none for {task!r}")
+        options = dict(config.env.get("kwargs", {}))
+        eval_options = {**options, **config.env.get("eval_kwargs", {})}
+        spec = _host_spec(kind, name, task, options, "env.kwargs")
+        eval_spec = _host_spec(kind, name, task, eval_options, "env.eval_kwargs")
+        _require_same_spec(spec, eval_spec)
+    return Environment(task=task, protocol=protocol, options=options,
+                       eval_options=eval_options, spec=spec, kind=kind, name=name,
+                       stepping=stepping)
+
+
+def _host_spec(kind: str, name: str, task: str, options: dict[str, object],
+               field: str) -> envpool_env.EnvSpec:
+    """The spec of a gymnasium or envs_jax task (one environment is built)."""
+    if kind == "gymnasium":
+        try:
+            gymnasium_env = host_env.gymnasium_module()
+        except ModuleNotFoundError as e:
+            raise cfg.ConfigError("env.task", f"{task!r} needs gymnasium, not installed",
+                                  host_env.GYMNASIUM_INSTALL) from e
+        if not gymnasium_env.registered(name):
+            raise cfg.ConfigError("env.task", f"{name!r} is not in gymnasium's registry",
+                                  gymnasium_env.unknown_id_hint(name))
+        make = gymnasium_env.env_spec
+    else:
+        from sebulba import envs_jax_env
+
+        if not envs_jax_env.known(name):
+            raise cfg.ConfigError("env.task", f"{name!r} is not an envs_jax environment",
+                                  envs_jax_env.unknown_name_hint(name))
+        make = envs_jax_env.env_spec
+    try:
+        return make(name, options)
+    except KeyError as e:  # an adapter's library does not know the name
+        raise cfg.ConfigError("env.task", f"{task!r} is unknown: {e}",
+                              "use a name the library registers") from e
+    except Exception as e:  # the library rejects an unknown or ill-typed option or space
+        if not options:  # nothing but the task to blame
+            raise cfg.ConfigError("env.task", f"{task!r} cannot be built: {e}",
+                                  "use a task its library builds") from e
+        raise cfg.ConfigError(field, f"{task!r} with the options {options} fails: {e}",
+                              "remove or correct the offending option") from e
+
+
+def _same_spec(a: envpool_env.EnvSpec, b: envpool_env.EnvSpec) -> bool:
+    """Field by field, bounds compared as arrays (`==` on specs holding arrays of several
+    entries is ambiguous)."""
+    for x, y in ((a.observation, b.observation), (a.action, b.action)):
+        if type(x) is not type(y):
+            return False
+        for field in dataclasses.fields(x):
+            u, v = getattr(x, field.name), getattr(y, field.name)
+            if (u is None) != (v is None) or (u is not None and not np.array_equal(u, v)):
+                return False
+    return True
+
+
+def _require_same_spec(spec: envpool_env.EnvSpec, eval_spec: envpool_env.EnvSpec) -> None:
+    if not _same_spec(spec, eval_spec):
+        raise cfg.ConfigError("env.eval_kwargs", "change the observation or action spec "
+                              f"({eval_spec} vs training's {spec})",
+                              "only change options that keep the spec (e.g. episodic_life)")
+
+
+def _envpool_environment(config: ml_collections.ConfigDict, task: str, protocol: str
+                         ) -> tuple[dict[str, object], dict[str, object], envpool_env.EnvSpec]:
     if task not in envpool_env.all_tasks():
         raise cfg.ConfigError("env.task", f"{task!r} is not an envpool task",
-                              envpool_env.unknown_task_hint(task))
-    protocol = cfg.get(config, "env.protocol")
+                              envpool_env.unknown_task_hint(task) + " (or, for another kind of "
+                              "environment, 'gymnasium:<id>' or 'envs_jax:<name>')")
     if envpool_env.is_atari(task):
         cfg.require_choice(config, "env.protocol", sorted(envpool_env.ATARI_PROTOCOLS))
     elif protocol not in ("", "none"):
@@ -136,32 +253,21 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
     except Exception as e:
         raise cfg.ConfigError("env.eval_kwargs", f"envpool rejects the options {eval_options}: "
                               f"{e}", "remove or correct the offending option") from e
-    if eval_spec != spec:
-        raise cfg.ConfigError("env.eval_kwargs", "change the observation or action spec "
-                              f"({eval_spec} vs training's {spec})",
-                              "only change options that keep the spec (e.g. episodic_life)")
-    agents.check_action_spec(spec.action, config.agent.name, field="env.task", env_name=task)
-
-    # DEVICES
-    actor_ids = _device_ids(config, "actor_device_ids", num_local)
-    learner_ids = _device_ids(config, "learner_device_ids", num_local)
-    # Each actor thread splits its [T, B] trajectory along B, one shard per learner device.
-    cfg.require_divisible(config, "envs_per_actor_thread", len(learner_ids),
-                          "the number of learner devices")
-    return Topology(actor_device_ids=actor_ids, learner_device_ids=learner_ids,
-                    actor_threads_per_device=config.actor_threads_per_device,
-                    num_processes=num_processes,
-                    environment=Environment(task=task, protocol=protocol, options=options,
-                                            eval_options=eval_options, spec=spec))
+    _require_same_spec(spec, eval_spec)
+    return options, eval_options, spec
 
 
 @dataclasses.dataclass(frozen=True)
 class Environment:
-    """The envpool task as `validate` checked it, built once: the training and evaluation
-    options (evaluation's are training's with `env.eval_kwargs` on top) and their spec."""
+    """The task as `validate` checked it, built once: its kind (`sebulba.host_env`), the
+    training and evaluation options (evaluation's are training's with `env.eval_kwargs` on top)
+    and their spec, and how its batches are stepped."""
 
-    task: str
+    task: str  # config.env.task
     protocol: str
-    options: dict[str, object]
+    options: dict[str, object]  # envpool's options, or gymnasium.make's / envs_jax.make's
     eval_options: dict[str, object]
     spec: envpool_env.EnvSpec  # in agent layout; evaluation's is the same
+    kind: str = "envpool"  # one of host_env.KINDS
+    name: str = ""  # the task without its kind's prefix
+    stepping: host_env.Stepping = dataclasses.field(default_factory=host_env.Stepping)

@@ -1,7 +1,7 @@
-"""Greedy evaluation of the actors' parameters on envpool environments of its own.
+"""Greedy evaluation of the actors' parameters on host environments of its own.
 
 Every `eval_every_updates`, process 0's learner, right after publishing, plays the greedy
-policy (`actor_step(..., evaluation=True)`) on actor device 0 in its own envpool batch of
+policy (`actor_step(..., evaluation=True)`) on actor device 0 in its own batch (of the run's kind: `sebulba.host_env`) of
 `eval_episodes` environments (created once, seeded apart from training's with
 `podracer.session.EVAL_STREAM`),
 one game each of at most `eval_max_steps` steps; the learner waits meanwhile, and the actors
@@ -19,10 +19,12 @@ import numpy as np
 from podracer.agent import Agent
 from sebulba import envpool_env
 from sebulba.actor import acting_view, make_act
+from sebulba.host_env import HostEnv
 
 
-def make_evaluator(agent: Agent, env: envpool_env.EnvpoolEnv, device: jax.Device, *,
-                   max_steps: int) -> Callable[[Any, jax.Array], dict[str, float]]:
+def make_evaluator(agent: Agent, env: HostEnv, device: jax.Device, *, max_steps: int,
+                   to_agent_layout: Callable = envpool_env.to_agent_layout
+                   ) -> Callable[[Any, jax.Array], dict[str, float]]:
     """`evaluate(params, key)` -> greedy returns of one episode on each of `env`'s environments.
 
     The environments are reset, then play with `actor_step(..., evaluation=True)` on `device`
@@ -35,7 +37,7 @@ def make_evaluator(agent: Agent, env: envpool_env.EnvpoolEnv, device: jax.Device
     ended) and `eval_length` (mean steps). `key` seeds the policy's sampling, if any; the
     environments continue their own random streams from one evaluation to the next.
     """
-    act = jax.jit(make_act(agent, evaluation=True))
+    act = jax.jit(make_act(agent, evaluation=True, to_agent_layout=to_agent_layout))
 
     def evaluate(params: Any, key: jax.Array) -> dict[str, float]:
         n = env.num_envs

@@ -1,5 +1,5 @@
 """What a Sebulba run will do, worked out once from its config: `make_plan` validates the config
-(`sebulba.config.validate`, which also builds envpool's options and spec) and returns a frozen
+(`sebulba.config.validate`, which also builds the environment's options and spec) and returns a frozen
 `SebulbaPlan` that `sebulba.train` reads instead of the config."""
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def make_plan(config: ml_collections.ConfigDict) -> SebulbaPlan:
         num_processes=num_processes,
         env=env,
         env_threads=config.env.num_threads,
-        frame_skip=int(env.options.get("frame_skip", 1)),
+        frame_skip=int(env.options.get("frame_skip", 1)) if env.kind == "envpool" else 1,
         agent=agent,
         agent_name=config.agent.name,
         agent_hparams=({name: config.agent[name] for name in agent.sweepable}

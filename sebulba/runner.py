@@ -4,14 +4,15 @@ actor devices, learning replicated over learner devices, in every process of a r
 Data flow in one process (A actor devices, N threads each, L learner devices here, L_all in
 the whole run):
 
-    actor thread (A x N of them; each owns an envpool batch of B environments):
+    actor thread (A x N of them; each owns a batch of B host environments: envpool's,
+                  gymnasium's or envs_jax's, see `sebulba.host_env`):
         timestep = env.reset()
         for rollout k = 1, 2, ...:
             params = store.version(rollout_version(k))       # staleness: sebulba.params
             repeat T times:
                 on the actor device: action, extras = actor_step(params, timestep)
                                      # only its observation and step type cross each step
-                on the host:         timestep = env.step(action)   # envpool's C++ threads
+                on the host:         timestep = env.step(action)   # e.g. envpool's threads
             on the actor device: stack the T+1 timesteps, T actions and extras -> [T+1, B]
                                  (rewards and discounts sent once per rollout)
                                  and split along B into L shards [T+1, B/L]
@@ -49,8 +50,8 @@ at the end and on SIGTERM, into `<workdir>/checkpoints` (the newest `checkpoint_
 Starting again with the same workdir resumes from the newest good one: the learner continues
 at update u + 1, the parameter store starts at version u (the first rollouts act with the
 restored parameters, as the first ones of a fresh run act with version 0), and env steps count
-on from the checkpoint's. What an actor thread holds is not saved: envpool cannot save its
-environments' states, so a resumed run resets every environment, seeded from (seed, process,
+on from the checkpoint's. What an actor thread holds is not saved: envpool (like gymnasium) cannot save
+its environments' states, so a resumed run resets every environment, seeded from (seed, process,
 thread, u), and starts each actor's RNG key and actor state afresh from the same figures.
 A resumed run is therefore a pure function of (config, seed, device count, checkpoint) but,
 unlike an Anakin run, NOT bit-identical to an uninterrupted one: the episodes in flight at the
@@ -87,7 +88,7 @@ from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
 from podracer.checkpoint import Preemption, state_layout
 from podracer.session import EVAL_STREAM, RunSession, TrainResult, print_end_of_run
-from sebulba import envpool_env
+from sebulba import host_env
 from sebulba.actor import Actor, ActorCounters, make_actor_functions
 from sebulba.evaluation import make_evaluator
 from sebulba.learner import (
@@ -273,7 +274,8 @@ def _compile(plan: SebulbaPlan, mesh: jax.sharding.Mesh, run: LearnerRun) -> _Co
     """The learner's update, compiled before any thread starts, and the actors' functions."""
     started = time.perf_counter()
     num_shards = len(plan.local_learner_devices)
-    act, pack = make_actor_functions(plan.agent, num_shards)
+    act, pack = make_actor_functions(plan.agent, num_shards,
+                                     host_env.agent_layout(plan.env.kind))
     example_batch = abstract_batch(plan.agent, plan.env.spec, mesh,
                                    rollout_length=plan.rollout_length,
                                    shard_batch=plan.envs_per_thread // num_shards,
@@ -290,9 +292,10 @@ def _run_info(plan: SebulbaPlan, mesh: jax.sharding.Mesh, start: _Start) -> dict
     env = plan.env
     return {
         "architecture": "sebulba",
-        "environment": envpool_env.run_description(env.task, env.protocol, env.options),
-        "evaluation_environment": envpool_env.run_description(env.task, env.protocol,
-                                                              env.eval_options),
+        "environment": host_env.run_description(env.kind, env.name, env.protocol, env.options,
+                                                env.stepping),
+        "evaluation_environment": host_env.run_description(env.kind, env.name, env.protocol,
+                                                           env.eval_options, env.stepping),
         "agent": plan.agent_name,
         "platform": jax.local_devices()[0].platform,
         "num_processes": plan.num_processes,
@@ -326,8 +329,8 @@ def _print_banner(plan: SebulbaPlan, session: RunSession, start: _Start,
                   run_info: dict[str, Any], compile_seconds: float) -> None:
     env = plan.env
     lag = f" (lag {plan.policy_lag})" if plan.fixed else ""
-    print(f"Sebulba: {plan.agent_name} on {env.task} (protocol {env.protocol or 'none'}, envpool "
-          f"{run_info['environment']['envpool_version']}); {plan.num_processes} process(es); "
+    print(f"Sebulba: {plan.agent_name} on {env.task} ({_env_banner(run_info['environment'])}); "
+          f"{plan.num_processes} process(es); "
           f"actors {run_info['actor_devices']} x {plan.topology.actor_threads_per_device} "
           f"thread(s) x {plan.envs_per_thread} envs; learners {run_info['learner_devices']}; "
           f"T={plan.rollout_length}, {plan.num_updates} updates, staleness={plan.staleness}"
@@ -336,6 +339,19 @@ def _print_banner(plan: SebulbaPlan, session: RunSession, start: _Start,
         session.print_resume(start.resumed_from,
                              f"{start.resumed_from} of {plan.num_updates} updates done",
                              "; the environments start afresh")
+
+
+def _env_banner(description: dict[str, Any]) -> str:
+    """The environment's kind and version, for the banner."""
+    kind = description["kind"]
+    if kind == "envpool":
+        return f"protocol {description['protocol']}, envpool {description['envpool_version']}"
+    if kind == "gymnasium":
+        workers = description["num_workers"]
+        return (f"gymnasium {description['gymnasium_version']}, "
+                f"{f'{workers} worker process(es)' if workers else 'in the actor thread'}, "
+                f"autoreset {description['autoreset_mode']}")
+    return f"envs_jax on {description['device']}"
 
 
 def _wiring(plan: SebulbaPlan, compiled: _Compiled, run: LearnerRun, start: _Start) -> Wiring:
@@ -428,7 +444,7 @@ def _finish_run(plan: SebulbaPlan, session: RunSession, records: workdir_lib.Rec
 
 
 def _env_seed(*entropy: int) -> int:
-    """An envpool seed (a non-negative int32) from a tuple of integers."""
+    """An environment seed (a non-negative int32) from a tuple of integers."""
     return int(np.random.SeedSequence(list(entropy)).generate_state(1)[0] % (2**31 - 1))
 
 
@@ -450,11 +466,11 @@ class _Threads:
     def __init__(self, plan: SebulbaPlan):
         self._plan = plan
         self._supervisor = Supervisor()
-        self._envs: list[envpool_env.EnvpoolEnv] = []  # closed by `join`
+        self._envs: list[host_env.HostEnv] = []  # closed by `join`
 
-    def _env(self, num_envs: int, seed: int, options: dict[str, Any]) -> envpool_env.EnvpoolEnv:
-        env = envpool_env.EnvpoolEnv(self._plan.env.task, num_envs, seed=seed,
-                                     num_threads=self._plan.env_threads, options=options)
+    def _env(self, num_envs: int, seed: int, options: dict[str, Any]) -> host_env.HostEnv:
+        env = host_env.make(self._plan.env.kind, self._plan.env.name, num_envs, seed=seed,
+                            options=options, stepping=self._plan.env.stepping)
         self._envs.append(env)
         return env
 
@@ -467,7 +483,8 @@ class _Threads:
         env = self._env(plan.eval_episodes, _env_seed(plan.seed, EVAL_STREAM),
                         plan.env.eval_options)
         return make_evaluator(plan.agent, env, plan.actor_devices[0],
-                              max_steps=plan.eval_max_steps)
+                              max_steps=plan.eval_max_steps,
+                              to_agent_layout=host_env.agent_layout(plan.env.kind))
 
     def run(self, learner: Learner, run: LearnerRun, compiled: _Compiled, wiring: Wiring,
             actor_key: jax.Array, start: _Start, preemption: Preemption) -> _Watched:
@@ -500,7 +517,8 @@ class _Threads:
 
     def _start_actors(self, compiled: _Compiled, wiring: Wiring, actor_key: jax.Array,
                       start: _Start) -> None:
-        """One actor thread per (actor device, thread), each on an envpool batch of its own.
+        """One actor thread per (actor device, thread), each on a host-environment batch of
+        its own.
         A resumed run's environments and actor keys start afresh, seeded by its update."""
         plan = self._plan
         process, per_device = plan.process_index, plan.topology.actor_threads_per_device

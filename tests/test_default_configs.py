@@ -48,6 +48,8 @@ OPTIONAL = {
         **_RUN_OPTIONS, **_ALLOWED_CHANGES,
         "env.kwargs": lambda c: dict(c.env.get("kwargs", {})),  # validate, runner
         "env.eval_kwargs": lambda c: dict(c.env.get("eval_kwargs", {})),  # validate, runner
+        "env.num_workers": lambda c: c.env.get("num_workers", 0),  # validate (gymnasium tasks)
+        "env.autoreset_mode": lambda c: c.env.get("autoreset_mode", "next_step"),  # validate
         "save_final_params": lambda c: c.get("save_final_params", False),  # runner
     },
 }
