@@ -13,6 +13,7 @@ from experiments.benchmarks import suite
 def test_returns_at_reads_the_last_record_at_or_before_the_point():
     records = [{"env_steps": 100, "episode_return": 1.0},
                {"env_steps": 200, "episode_return": float("nan")},
+               {"env_steps": 250, "episode_return": None},  # no episode ended in the chunk
                {"env_steps": 300, "episode_return": 3.0},
                {"env_steps": 400, "loss": 0.5}]
     assert suite.returns_at(records, 250) == 1.0  # the NaN record has no return

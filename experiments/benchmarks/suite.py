@@ -26,6 +26,7 @@ unless `--resume`, which skips the pairs already done.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -97,7 +98,8 @@ def pair_config(agent: str, env: str, seeds: Sequence[int], total_env_steps: int
 def returns_at(records: list[dict[str, Any]], steps: float) -> float:
     """The mean training episode return of the last record at or before `steps` environment
     steps (the first record if none is); NaN when no record has one."""
-    rows = [r for r in records if "episode_return" in r and np.isfinite(r["episode_return"])]
+    rows = [r for r in records if isinstance(r.get("episode_return"), (int, float))
+            and math.isfinite(r["episode_return"])]  # a chunk with no episode ended: null
     if not rows:
         return float("nan")
     before = [r for r in rows if r["env_steps"] <= steps] or rows[:1]
