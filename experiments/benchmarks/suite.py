@@ -110,13 +110,18 @@ def summarise(runs: Sequence[plot.Run], total: int) -> dict[str, Any]:
     """Per budget fraction: the steps, and the mean, min and max over the runs."""
     points = []
     for fraction in FRACTIONS:
-        at = fraction * total
+        # The run ends at the first whole chunk past the budget: its end is its last record.
+        at = fraction * total if fraction < 1 else math.inf
         values = np.array([returns_at(run.records, at) for run in runs])
-        points.append({"fraction": fraction, "env_steps": int(at),
+        points.append({"fraction": fraction, "env_steps": int(min(at, run_end(runs))),
                        "mean": float(np.mean(values)), "min": float(np.min(values)),
                        "max": float(np.max(values)), "seeds": values.tolist()})
-    return {"points": points,
-            "env_steps": max(int(r.records[-1]["env_steps"]) for r in runs if r.records)}
+    return {"points": points, "env_steps": run_end(runs)}
+
+
+def run_end(runs: Sequence[plot.Run]) -> int:
+    """The environment steps of the runs' last record."""
+    return max(int(r.records[-1]["env_steps"]) for r in runs if r.records)
 
 
 def hardware() -> dict[str, Any]:
