@@ -16,8 +16,8 @@ Budgets (environment steps per seed), unless `--steps` sets one for every pair:
   EfficientZero (`--minatar_steps` overrides both).
 
 Written to `--out_dir`: `results.md` (the table: mean and min-max over seeds of the mean training
-episode return at a quarter, half and all of the budget, the wall time of each pair, the
-hardware and versions), `results.json` (the same, machine-readable), one learning-curve PNG per
+episode return at a quarter and half of the budget and at the end (a run ends at the first
+whole chunk past its budget), the wall time of each pair, the hardware and versions), `results.json` (the same, machine-readable), one learning-curve PNG per
 environment (`curves_<env>.png`, every agent's mean and range over seeds), and each pair's
 workdir (`runs/<agent>/<env>/`, its `run_<i>/metrics.jsonl`). An existing `--out_dir` is refused
 unless `--resume`, which skips the pairs already done.
