@@ -15,6 +15,7 @@ T, B, A = 6, 5, 3
 
 def test_learner_step_equals_the_loss_over_all_observations_in_one_pass():
     config = default_config()
+    config.popart = False  # the plain IMPALA update; PopArt's: tests/test_vtrace_remedies.py
     spec = EnvSpec(observation=ArraySpec((4,), np.float32), action=DiscreteSpec(A))
     agent = make_agent(config, spec)
     state = agent.init(jax.random.PRNGKey(0), spec)

@@ -14,6 +14,7 @@ from agents.hparams import replace_hparams
 from agents.vtrace import learning
 from agents.vtrace.networks import make_network
 from podracer.agent import Agent
+from podracer.config import ConfigError
 from podracer.types import Array, EnvSpec
 
 # Scalar hyperparameters that live in the learner state as arrays, so that one compiled program
@@ -22,7 +23,7 @@ from podracer.types import Array, EnvSpec
 # `LearnerState.hparams`.
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
 LOSS_HPARAMS = ("discount", "lambda_", "clip_rho_threshold", "clip_pg_rho_threshold",
-                "baseline_cost", "entropy_cost")
+                "baseline_cost", "entropy_cost", "reward_scale")
 SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
 
 
@@ -41,6 +42,16 @@ def default_config() -> ml_collections.ConfigDict:
     c.clip_pg_rho_threshold = 1.0
     c.baseline_cost = 0.5
     c.entropy_cost = 0.01
+    # Scale remedies (docs/vtrace.md). Without PopArt, values near -100 (Acrobot's -1 per
+    # step) grew the shared torso's features, and with them the logits: the policy turned
+    # deterministic before any episode succeeded. Normalising the advantages did not help.
+    c.advantage_normalization = "none"  # "none" | "batch": pg advantages to mean 0, std 1
+    # over the real transitions of the global batch (every device and process), as PPO does
+    c.popart = True  # PopArt value normalisation (van Hasselt et al., 2016; Hessel et al.,
+    # 2019): the value head predicts (v - mu) / sigma, the statistics live in the learner state
+    c.popart_step_size = 1e-3  # beta of the statistics' exponential averages (the papers'
+    # 3e-4 assumes millions of updates; 1e-2 learnt Acrobot faster but CartPole less stably)
+    c.reward_scale = 1.0  # rewards are multiplied by it before V-trace
     return c
 
 
@@ -66,17 +77,53 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
                            loss_hparams=LOSS_HPARAMS, agent_name="V-trace")
 
 
+def _check_config(config: ml_collections.ConfigDict) -> None:
+    if config.advantage_normalization not in learning.ADVANTAGE_NORMALIZATIONS:
+        raise ConfigError("agent.advantage_normalization",
+                          f"unknown value {config.advantage_normalization!r}",
+                          f"use one of {list(learning.ADVANTAGE_NORMALIZATIONS)}")
+    if not isinstance(config.popart, bool):
+        raise ConfigError("agent.popart", f"must be True or False, got {config.popart!r}",
+                          "set --config.agent.popart=True")
+    if not 0.0 < config.popart_step_size <= 1.0:
+        raise ConfigError("agent.popart_step_size",
+                          f"must lie in (0, 1], got {config.popart_step_size}",
+                          "set --config.agent.popart_step_size=3e-4")
+    if not config.reward_scale > 0.0:
+        raise ConfigError("agent.reward_scale", f"must be > 0, got {config.reward_scale}",
+                          "set --config.agent.reward_scale=1.0")
+
+
+def learn_config(config: ml_collections.ConfigDict) -> learning.LearnConfig:
+    """The learner's static settings, from `config`'s fields of the same names."""
+    return learning.LearnConfig(advantage_normalization=config.advantage_normalization,
+                                popart=bool(config.popart),
+                                popart_step_size=float(config.popart_step_size))
+
+
+def _init(network, optimizer, loss_hparams, learn: learning.LearnConfig, key,
+          spec: EnvSpec) -> LearnerState:
+    state = init_learner_state(network, optimizer, loss_hparams, key, spec)
+    if learn.popart:
+        return learning.PopArtLearnerState(**dict(state.items()),
+                                           popart=learning.PopArtStats.init())
+    return state
+
+
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     """Builds the V-trace agent for environments with a discrete action spec: `learning.py`'s
-    functions bound to the network and optimiser of `config`."""
+    functions bound to the network, optimiser and settings of `config`."""
+    _check_config(config)
     network = make_network(config, env_spec)
     optimizer = make_optimizer(config)
+    learn = learn_config(config)
     loss_hparams = {k: config[k] for k in LOSS_HPARAMS}
     return Agent(
-        init=lambda key, spec=env_spec: init_learner_state(network, optimizer, loss_hparams,
-                                                           key, spec),
+        init=lambda key, spec=env_spec: _init(network, optimizer, loss_hparams, learn, key,
+                                              spec),
         actor_step=functools.partial(learning.actor_step, network),
-        learner_step=functools.partial(learning.learner_step, network, optimizer),
+        learner_step=functools.partial(learning.learner_step, network, optimizer,
+                                       learn=learn),
         init_actor_state=lambda batch_size: (),
         actor_params=lambda learner_state: learner_state.params,
         set_hparams=set_hparams,

@@ -4,12 +4,15 @@
     actor_step       sample (or, evaluating, take the argmax of) the policy's logits
     trajectory_loss  the network over a [T+1, B] trajectory, V-trace's loss averaged over B
     learner_step     gradient of the loss, pmean over devices, one optimiser step, metrics
+                     (and, with PopArt, the statistics' update and the value head's rescaling)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -18,6 +21,69 @@ import optax
 from agents.actor_critic import LearnerState
 from agents.vtrace.losses import LossOutput, vtrace_loss
 from podracer.types import Array, Extras, Metrics, Params, PRNGKey, TimeStep, Trajectory
+
+SEQUENCE_AXIS = "sequences"  # the vmap over a trajectory's B sequences, for batch statistics
+ADVANTAGE_NORMALIZATIONS = ("none", "batch")
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnConfig:
+    """The static settings of V-trace's learner: the agent config's fields of the same names
+    (built once by `make_agent`). The defaults are the plain IMPALA update."""
+
+    advantage_normalization: str = "none"  # "none" | "batch": over the global batch
+    popart: bool = False  # PopArt value normalisation: statistics in `PopArtLearnerState`
+    popart_step_size: float = 3e-4  # beta, the statistics' exponential-averaging step
+    popart_min_scale: float = 1e-4  # sigma is clipped to [min, max] (Hessel et al., 2019)
+    popart_max_scale: float = 1e6
+
+
+@chex.dataclass(frozen=True)
+class PopArtStats:
+    """PopArt's statistics of the value targets (van Hasselt et al., 2016): the running first
+    and second moments; sigma = sqrt(second - mean^2), clipped."""
+
+    mean: Array  # [] mu
+    second_moment: Array  # [] nu
+
+    @staticmethod
+    def init() -> PopArtStats:
+        return PopArtStats(mean=jnp.zeros((), jnp.float32),
+                           second_moment=jnp.ones((), jnp.float32))
+
+
+@chex.dataclass(frozen=True)
+class PopArtLearnerState(LearnerState):
+    """V-trace's learner state with PopArt: `LearnerState` and the statistics (checkpointed
+    with it, identical on every device since they are updated from pmean'd moments)."""
+
+    popart: PopArtStats
+
+
+def popart_scale(stats: PopArtStats, learn: LearnConfig) -> Array:
+    """sigma = sqrt(nu - mu^2), clipped to [popart_min_scale, popart_max_scale]."""
+    variance = jnp.maximum(stats.second_moment - jnp.square(stats.mean), 0.0)
+    return jnp.clip(jnp.sqrt(variance), learn.popart_min_scale, learn.popart_max_scale)
+
+
+def popart_update(stats: PopArtStats, target_mean: Array, target_sq_mean: Array,
+                  step_size: float) -> PopArtStats:
+    """ART: the moments move towards the batch's (`target_*`, already global) by `step_size`."""
+    return PopArtStats(
+        mean=(1.0 - step_size) * stats.mean + step_size * target_mean,
+        second_moment=(1.0 - step_size) * stats.second_moment + step_size * target_sq_mean)
+
+
+def popart_preserve(params: Params, old: PopArtStats, new: PopArtStats,
+                    learn: LearnConfig) -> Params:
+    """POP: the value head's last layer (`params["params"]["value"]`, the network's normalised
+    output n(x) = w h + b) rescaled so that sigma n(x) + mu is unchanged by the new statistics:
+        w' = w sigma / sigma',   b' = (sigma b + mu - mu') / sigma'."""
+    sigma, new_sigma = popart_scale(old, learn), popart_scale(new, learn)
+    head = params["params"]["value"]
+    head = {**head, "kernel": head["kernel"] * sigma / new_sigma,
+            "bias": (sigma * head["bias"] + old.mean - new.mean) / new_sigma}
+    return {**params, "params": {**params["params"], "value": head}}
 
 
 def actor_step(network: nn.Module, params: Params, actor_state: tuple[()], timestep: TimeStep,
@@ -34,9 +100,14 @@ def actor_step(network: nn.Module, params: Params, actor_state: tuple[()], times
 
 
 def trajectory_loss(network: nn.Module, params: Params, trajectory: Trajectory,
-                    hparams: dict[str, Array]) -> tuple[Array, LossOutput]:
+                    hparams: dict[str, Array], *, learn: LearnConfig = LearnConfig(),
+                    popart: PopArtStats | None = None,
+                    axis_name: str | None = None) -> tuple[Array, LossOutput]:
     """([] loss, `LossOutput` of [] means): `vtrace_loss` of each of the B sequences of a
-    `[T+1, B]` trajectory with the loss's hyperparameters `hparams`, averaged over B."""
+    `[T+1, B]` trajectory with the loss's hyperparameters `hparams`, averaged over B. Batch
+    statistics (advantage normalisation, the targets' moments) are pooled over the B sequences
+    and the devices of `axis_name`. With PopArt statistics `popart`, the network's value is
+    the normalised n(x) and the loss sees sigma n(x) + mu."""
     obs = trajectory.timestep.observation  # [T+1, B, ...]
     t, b = trajectory.action.shape
     logits, values = network.apply(params, obs[:-1].reshape((t * b,) + obs.shape[2:]))
@@ -45,9 +116,17 @@ def trajectory_loss(network: nn.Module, params: Params, trajectory: Trajectory,
     _, bootstrap = network.apply(jax.lax.stop_gradient(params), obs[-1])
     logits = logits.reshape(t, b, -1)
     values = jnp.concatenate([values.reshape(t, b), bootstrap[None]])
+    value_scale = 1.0
+    if popart is not None:
+        value_scale = popart_scale(popart, learn)
+        values = values * value_scale + popart.mean
+    stats_axes = SEQUENCE_AXIS if axis_name is None else (SEQUENCE_AXIS, axis_name)
     batched = jax.vmap(
-        lambda *xs: vtrace_loss(*xs, **hparams),
+        lambda *xs: vtrace_loss(*xs, **hparams, value_scale=value_scale,
+                                normalize=learn.advantage_normalization == "batch",
+                                stats_axis_name=stats_axes),
         in_axes=1,
+        axis_name=SEQUENCE_AXIS,
     )
     out = batched(
         logits,
@@ -64,17 +143,30 @@ def trajectory_loss(network: nn.Module, params: Params, trajectory: Trajectory,
 
 def learner_step(network: nn.Module, optimizer: optax.GradientTransformation,
                  learner_state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
-                 axis_name: str | None) -> tuple[LearnerState, Metrics]:
+                 axis_name: str | None, learn: LearnConfig = LearnConfig()
+                 ) -> tuple[LearnerState, Metrics]:
     """`Agent.learner_step`: one optimiser step on the gradient of `trajectory_loss` with the
-    learner state's hyperparameters, gradients and metrics averaged over `axis_name`."""
+    learner state's hyperparameters, gradients and metrics averaged over `axis_name`. With
+    PopArt (a `PopArtLearnerState`), the statistics then move towards the global batch's
+    target moments and the value head is rescaled to preserve the unnormalised values."""
     del key  # V-trace's update is deterministic.
-    grads, out = jax.grad(functools.partial(trajectory_loss, network), has_aux=True)(
+    popart = learner_state.popart if learn.popart else None
+    grads, out = jax.grad(
+        functools.partial(trajectory_loss, network, learn=learn, popart=popart,
+                          axis_name=axis_name), has_aux=True)(
         learner_state.params, trajectory, learner_state.hparams)
     if axis_name is not None:
         grads = jax.lax.pmean(grads, axis_name)
     updates, opt_state = optimizer.update(grads, learner_state.opt_state,
                                           learner_state.params)
     params = optax.apply_updates(learner_state.params, updates)
+    extra = {}
+    if popart is not None:
+        # out.target_* are pooled over every sequence and device: the same on every device.
+        new_popart = popart_update(popart, out.target_mean, out.target_sq_mean,
+                                   learn.popart_step_size)
+        params = popart_preserve(params, popart, new_popart, learn)
+        extra = {"popart": new_popart}
     metrics = {
         "loss": out.loss,
         "policy_loss": out.policy_loss,
@@ -82,9 +174,16 @@ def learner_step(network: nn.Module, optimizer: optax.GradientTransformation,
         "entropy": out.entropy,
         "mean_rho": out.mean_rho,
         "grad_norm": optax.tree.norm(grads),
+        "advantage_mean": out.advantage_mean,
+        "advantage_std": out.advantage_std,
+        "pg_logit_grad": out.pg_logit_grad,
+        "entropy_logit_grad": out.entropy_logit_grad,
     }
+    if popart is not None:
+        metrics["popart_mean"] = popart.mean
+        metrics["popart_scale"] = popart_scale(popart, learn)
     if axis_name is not None:
         metrics = jax.lax.pmean(metrics, axis_name)
     new_state = learner_state.replace(params=params, opt_state=opt_state,
-                                      updates=learner_state.updates + 1)
+                                      updates=learner_state.updates + 1, **extra)
     return new_state, metrics

@@ -4,7 +4,7 @@
 
 `envs_jax.make("CartPole-v1")` applies gymnasium's 500-step time limit (a truncation: LAST
 with discount 1, bootstrapped), so `env.max_episode_steps` stays 0 here. The defaults reach a
-mean episode return of at least 400 (docs/benchmarks.md, "Learning: V-trace", has the measured run).
+mean episode return of about 480 at 1M steps over 3 seeds (docs/vtrace.md).
 """
 
 import ml_collections
@@ -16,7 +16,8 @@ def get_config() -> ml_collections.ConfigDict:
     config = vtrace_catch.get_config()
     config.env.name = "CartPole-v1"  # envs_jax's JAX port, parity-tested against gymnasium
     config.agent.learning_rate = 1e-3
-    config.agent.entropy_cost = 0.001  # CartPole needs little exploration; 0.01 wobbles late
+    # The agent's entropy cost, 0.01, with its PopArt default (docs/vtrace.md: 3 seeds at 1M,
+    # 490 / 483 / 461); the 0.001 this config used to set is no longer needed.
     config.num_envs = 32  # few environments, many updates: CartPole needs updates, not data
     config.rollout_length = 16
     config.updates_per_chunk = 100
