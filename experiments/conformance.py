@@ -402,12 +402,17 @@ def rule_acting_view(s: _Subject) -> str | None:
 
 
 def rule_evaluation(s: _Subject) -> str | None:
-    """actor_step(..., evaluation=True) is deterministic: the same actions for any key."""
+    """actor_step(..., evaluation=True) is deterministic: the same actions for any key.
+
+    Checked with the actor parameters after two learner steps: at initialisation a searching
+    agent's scores can tie everywhere (MuZero's zero-initialised heads), and mctx breaks exact
+    ties at random, which is no sampling of the policy."""
     agent = s.agent
     observed = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), s.trajectory.timestep)
     batch = observed.step_type.shape[0]
+    params = agent.actor_params(_device_slices(s.replicated_steps()[1])[0])
     act = jax.jit(lambda p, a, t, k: agent.actor_step(p, a, t, k, evaluation=True)[0])
-    actions = [np.asarray(act(s.params, agent.init_actor_state(batch), observed, k))
+    actions = [np.asarray(act(params, agent.init_actor_state(batch), observed, k))
                for k in jax.random.split(jax.random.fold_in(s.key, 7), 3)]
     for other in actions[1:]:
         if not np.array_equal(actions[0], other):
