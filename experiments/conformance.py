@@ -284,7 +284,7 @@ def _first_difference(a: Any, b: Any, *, rtol: float = 0.0) -> str | None:
         if x.shape != y.shape or x.dtype != y.dtype:
             return f"{_path(path)}: {x.shape} {x.dtype} vs {y.shape} {y.dtype}"
         if np.issubdtype(x.dtype, np.inexact) and rtol > 0:
-            scale = float(np.max(np.abs(y), initial=0.0))
+            scale = float(np.max(np.abs(y[np.isfinite(y)]), initial=0.0))
             if not np.allclose(x, y, rtol=0.0, atol=rtol * scale, equal_nan=True):
                 return f"{_path(path)}: values differ"
         elif not np.array_equal(x, y, equal_nan=np.issubdtype(x.dtype, np.inexact)):
