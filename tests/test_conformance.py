@@ -142,8 +142,8 @@ def _unaveraged_gradients(agent):
 def _unaveraged_metric(agent):
     def learner_step(state, trajectory, key, *, axis_name):
         state, metrics = agent.learner_step(state, trajectory, key, axis_name=axis_name)
-        # This device's mean reward, not averaged over the devices.
-        return state, {**metrics, "batch_reward": jnp.mean(trajectory.timestep.reward)}
+        # This device's mean action, not averaged over the devices.
+        return state, {**metrics, "mean_action": jnp.mean(trajectory.action.astype(float))}
 
     return {"learner_step": learner_step}
 
