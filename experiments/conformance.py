@@ -11,7 +11,9 @@ rule, what Anakin and Sebulba assume of a `podracer.Agent` without knowing which
 run (docs/architecture.md, "The agent interface"). Each rule is a small function below, named
 in `RULES`; a rule that fails is reported with what went wrong and the fix, and `check_agent`
 then raises `ConformanceError`, whose message names every failed rule (or, with
-`raise_on_failure=False`, returns the report). The rules, in the order they run:
+`raise_on_failure=False`, returns the report). A rule that builds on another which failed
+(`Rule.needs`: most need trajectories, which need valid actions) is skipped, saying which, so
+that one break is reported once. The rules, in the order they run:
 
   interface        make_agent returns a `podracer.Agent` of callables; `sweepable` names
                    number fields of the agent's config, and comes with a `set_hparams`
@@ -768,6 +770,7 @@ class Rule:
     name: str
     check: Callable[[_Subject], str | None]
     fix: str  # the usual fix, when the failure does not suggest a more precise one
+    needs: tuple[str, ...] = ()  # rules it builds on: when one of them failed, it is skipped
 
 
 RULES: tuple[Rule, ...] = (
@@ -775,36 +778,41 @@ RULES: tuple[Rule, ...] = (
          "build the agent as podracer.agent.Agent(init=..., actor_step=..., learner_step=..., "
          "init_actor_state=..., actor_params=...) (docs/architecture.md)"),
     Rule("actions", rule_actions,
-         "return (action int32 [B], actor_state, extras with [B] leading) from actor_step"),
+         "return (action int32 [B], actor_state, extras with [B] leading) from actor_step",
+         ("interface",)),
     Rule("acting_view", rule_acting_view,
          "read only timestep.observation and timestep.step_type in actor_step; rewards and "
-         "discounts reach the learner in the trajectory"),
+         "discounts reach the learner in the trajectory", ("interface",)),
     Rule("evaluation", rule_evaluation,
-         "with evaluation=True act greedily (argmax), without sampling from the key"),
+         "with evaluation=True act greedily (argmax), without sampling from the key",
+         ("actions", "rollout_length")),
     Rule("rollout_length", rule_rollout_length,
          "size what holds trajectories (a replay's period) by the runner's rollout_length: tie "
-         "config.agent.rollout_length = config.get_ref('rollout_length') in experiment configs"),
-    Rule("metrics", rule_metrics, "return metrics as {name: scalar}"),
+         "config.agent.rollout_length = config.get_ref('rollout_length') in experiment configs",
+         ("actions",)),
+    Rule("metrics", rule_metrics, "return metrics as {name: scalar}", ("rollout_length",)),
     Rule("vmap", rule_vmap,
          "keep actor_step and learner_step pure functions of their arguments (no Python "
-         "control flow on traced values, no host callbacks), so that jax.vmap maps them"),
+         "control flow on traced values, no host callbacks), so that jax.vmap maps them",
+         ("rollout_length",)),
     Rule("replication", rule_replication,
          "average gradients over the device axis (jax.lax.pmean(grads, axis_name) when "
-         "axis_name is not None)"),
+         "axis_name is not None)", ("rollout_length",)),
     Rule("metrics_averaged", rule_metrics_averaged,
          "average metrics over the device axis (jax.lax.pmean(metrics, axis_name) when "
-         "axis_name is not None)"),
+         "axis_name is not None)", ("rollout_length", "metrics")),
     Rule("set_hparams", rule_set_hparams,
          "keep each sweepable value in the learner state, replace it there in set_hparams, and "
-         "read it only from there"),
+         "read it only from there", ("interface", "rollout_length")),
     Rule("checkpoint", rule_checkpoint,
-         "hold only arrays in the learner state, in the layout init gives"),
+         "hold only arrays in the learner state, in the layout init gives",
+         ("rollout_length",)),
     Rule("anakin_chunk", rule_anakin_chunk,
          "make the agent's functions traceable inside lax.scan and shard_map (fixed shapes, "
-         "no host calls)"),
+         "no host calls)", ("actions", "rollout_length")),
     Rule("sebulba_update", rule_sebulba_update,
          "see the failure: Sebulba runs actor_step on the actor device and learner_step, "
-         "replicated, on the learner devices"),
+         "replicated, on the learner devices", ("actions", "acting_view", "rollout_length")),
 )
 RULE_NAMES = tuple(rule.name for rule in RULES)
 
@@ -851,11 +859,19 @@ def check_agent(agent: str | Callable[[ml_collections.ConfigDict, Any], Agent], 
     if not 1 <= num_devices <= available:
         raise ValueError(f"num_devices={num_devices}, but {available} device(s) are present")
     subject = _Subject(name, make_agent, config, env, num_devices, seed)
-    results = []
+    results, failed = [], set()
     for rule in RULES:
         if rules is not None and rule.name not in rules:
             continue
-        results.append(_run(rule, subject))
+        broken = [name for name in rule.needs if name in failed]
+        if broken:
+            result = RuleResult(rule.name, "skip", f"not run: it builds on {broken[0]!r}, "
+                                "which failed")
+        else:
+            result = _run(rule, subject)
+        if result.status == "fail" or broken:
+            failed.add(rule.name)  # so that its dependants are skipped too
+        results.append(result)
     report = ConformanceReport(agent=name, env=env, num_devices=num_devices,
                                results=tuple(results))
     if raise_on_failure and not report.passed:
