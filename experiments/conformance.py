@@ -21,9 +21,9 @@ that one break is reported once. The rules, in the order they run:
                    continuous actions); extras lead with [B]; the actor state keeps its layout
   acting_view      actor_step acts on Sebulba's view of a timestep: observation and step type
                    only, reward and discount None (acting and evaluating)
-  evaluation       actor_step(..., evaluation=True) is deterministic: other keys, same actions
   rollout_length   learner_step takes [T+1, B] trajectories of the runner's T (a replay's period
                    is the runner's rollout length)
+  evaluation       actor_step(..., evaluation=True) is deterministic: other keys, same actions
   metrics          learner_step's metrics: a dict of numeric scalars whose names do not collide
                    with the runners' own record fields
   vmap             actor_step and learner_step under `jax.vmap` over runs, inside the device
@@ -783,13 +783,13 @@ RULES: tuple[Rule, ...] = (
     Rule("acting_view", rule_acting_view,
          "read only timestep.observation and timestep.step_type in actor_step; rewards and "
          "discounts reach the learner in the trajectory", ("interface",)),
-    Rule("evaluation", rule_evaluation,
-         "with evaluation=True act greedily (argmax), without sampling from the key",
-         ("actions", "rollout_length")),
     Rule("rollout_length", rule_rollout_length,
          "size what holds trajectories (a replay's period) by the runner's rollout_length: tie "
          "config.agent.rollout_length = config.get_ref('rollout_length') in experiment configs",
          ("actions",)),
+    Rule("evaluation", rule_evaluation,
+         "with evaluation=True act greedily (argmax), without sampling from the key",
+         ("actions", "rollout_length")),
     Rule("metrics", rule_metrics, "return metrics as {name: scalar}", ("rollout_length",)),
     Rule("vmap", rule_vmap,
          "keep actor_step and learner_step pure functions of their arguments (no Python "

@@ -7,8 +7,9 @@ Sebulba does not send, evaluation that samples, a replay period other than the r
 metric that is not a scalar or that is named like a runner's record field, a host callback
 that cannot be vmapped, gradients not averaged over devices, a metric not averaged, a
 `set_hparams` that sets nothing, a learner state holding a Python object, a non-finite loss.
-Each is checked on its own rule (`rules=`); one of them, the sampling evaluation, also goes
-through every rule, to show that a break trips its own rule and no other.
+Each is checked on its own rule (`rules=`); the sampling evaluation also goes through every
+rule, to show that a break trips its own rule and no other, and float actions through every
+rule, to show that the rules building on a failed one are skipped rather than failed again.
 """
 
 import jax
@@ -212,6 +213,18 @@ def test_a_broken_agent_trips_its_own_rule_and_no_other():
                          raise_on_failure=False)
     assert not report.passed
     assert [r.rule for r in report.results if r.status == "fail"] == ["evaluation"], str(report)
+
+
+def test_rules_that_build_on_a_failed_rule_are_skipped_naming_it():
+    # Trajectories need valid actions: with float actions the rules that make them are not run.
+    report = check_agent(_broken(_float_actions), config=vtrace.default_config(),
+                         raise_on_failure=False)
+    status = {r.rule: r.status for r in report.results}
+    assert [rule for rule, s in status.items() if s == "fail"] == ["actions"], str(report)
+    assert status["interface"] == status["acting_view"] == "pass"
+    skipped = [r for r in report.results if r.status == "skip"]
+    assert {r.rule for r in skipped} == set(RULE_NAMES) - {"interface", "actions", "acting_view"}
+    assert all("builds on" in r.detail for r in skipped)
 
 
 # ---------------------------------------------------------------------------------------------
