@@ -794,7 +794,7 @@ RULES: tuple[Rule, ...] = (
     Rule("vmap", rule_vmap,
          "keep actor_step and learner_step pure functions of their arguments (no Python "
          "control flow on traced values, no host callbacks), so that jax.vmap maps them",
-         ("rollout_length",)),
+         ("rollout_length", "metrics")),
     Rule("replication", rule_replication,
          "average gradients over the device axis (jax.lax.pmean(grads, axis_name) when "
          "axis_name is not None)", ("rollout_length",)),

@@ -33,6 +33,9 @@ def _small_muzero(module):
 def _small_efficientzero():
     config = _small_muzero(efficientzero)
     config.lstm_size, config.projection_hidden, config.projection_size = 8, 8, 8
+    # No search inside the learner step (its default reanalyses every sample): the check
+    # compiles the step six times, and a search in each took minutes on a 2-core machine.
+    config.reanalyse_fraction = 0.0
     return config
 
 
