@@ -17,6 +17,7 @@ that one break is reported once. The rules, in the order they run:
 
   interface        make_agent returns a `podracer.Agent` of callables; `sweepable` names
                    number fields of the agent's config, and comes with a `set_hparams`
+  learner_state    init's state is a pytree of arrays, also under jit
   actions          actor_step's actions: int32 [B] within the action spec (float [B, D] for
                    continuous actions); extras lead with [B]; the actor state keeps its layout
   acting_view      actor_step acts on Sebulba's view of a timestep: observation and step type
@@ -36,8 +37,8 @@ that one break is reported once. The rules, in the order they run:
   set_hparams      where present: setting the `sweepable` values gives the state, and the
                    update, of an agent built with those values; setting the old ones back gives
                    the old state
-  checkpoint       the learner state is a pytree of arrays, learner_step keeps its layout, and
-                   an orbax checkpoint of it restores bit for bit into init's layout
+  checkpoint       learner_step keeps the learner state's layout, and an orbax checkpoint of
+                   it restores bit for bit into init's layout
   anakin_chunk     one compiled, replicated Anakin chunk (`anakin.programs`) runs, finite
   sebulba_update   Sebulba's own actor thread and learner loop (`sebulba.actor`,
                    `sebulba.learner`) make two updates end to end
@@ -271,8 +272,14 @@ def _path(path: Any) -> str:
     return jax.tree_util.keystr(path) or "<root>"
 
 
+def _numpy(x: Any) -> np.ndarray:
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)  # typed PRNG keys compare by their bits
+    return np.asarray(jax.device_get(x))
+
+
 def _host(tree: Any) -> Any:
-    return jax.tree.map(np.asarray, jax.device_get(tree))
+    return jax.tree.map(_numpy, tree)
 
 
 def _first_difference(a: Any, b: Any, *, rtol: float = 0.0) -> str | None:
@@ -295,7 +302,7 @@ def _first_difference(a: Any, b: Any, *, rtol: float = 0.0) -> str | None:
 
 
 def _device_slices(stacked: Any) -> list[Any]:
-    return [jax.tree.map(lambda x, i=i: np.asarray(x)[i], jax.device_get(stacked))
+    return [jax.tree.map(lambda x, i=i: _numpy(x)[i], stacked)
             for i in range(jax.tree.leaves(stacked)[0].shape[0])]
 
 
@@ -592,18 +599,27 @@ def rule_set_hparams(s: _Subject) -> str | None:
     return None
 
 
-def rule_checkpoint(s: _Subject) -> str | None:
-    """The learner state is a pytree of arrays, learner_step keeps its layout, and an orbax
-    checkpoint of it restores bit for bit into init's layout."""
+def rule_learner_state(s: _Subject) -> str | None:
+    """init's learner state is a pytree of arrays (what a checkpoint holds and a compiled
+    program returns), and init runs under jit."""
     agent = s.agent
     eager = agent.init(s.key, s.spec)
     for path, leaf in jax.tree_util.tree_flatten_with_path(eager)[0]:
         if not isinstance(leaf, (jax.Array, np.ndarray)):
             raise _Violation(
                 f"learner state leaf {_path(path)} is a {type(leaf).__name__}, not an array: "
-                "a checkpoint saves and restores arrays only",
-                "keep Python objects (networks, configs) in make_agent's closure, and numbers "
-                "in the state as arrays (jnp.asarray)")
+                "the runners compile init and checkpoint its state, which hold arrays only")
+    difference = _first_difference(jax.eval_shape(lambda: eager),
+                                   jax.eval_shape(lambda: s.state))
+    if difference is not None and "values" not in difference:
+        raise _Violation(f"init gives another layout under jit ({difference})")
+    return None
+
+
+def rule_checkpoint(s: _Subject) -> str | None:
+    """learner_step keeps the learner state's layout, and an orbax checkpoint of the state
+    restores bit for bit into init's layout."""
+    agent = s.agent
     before = state_layout(jax.eval_shape(lambda: s.state))
     after = state_layout(jax.eval_shape(
         lambda st, t, k: agent.learner_step(st, t, k, axis_name=None)[0],
@@ -777,12 +793,15 @@ RULES: tuple[Rule, ...] = (
     Rule("interface", rule_interface,
          "build the agent as podracer.agent.Agent(init=..., actor_step=..., learner_step=..., "
          "init_actor_state=..., actor_params=...) (docs/architecture.md)"),
+    Rule("learner_state", rule_learner_state,
+         "keep Python objects (networks, configs) in make_agent's closure, and numbers in the "
+         "state as arrays (jnp.asarray)", ("interface",)),
     Rule("actions", rule_actions,
          "return (action int32 [B], actor_state, extras with [B] leading) from actor_step",
-         ("interface",)),
+         ("learner_state",)),
     Rule("acting_view", rule_acting_view,
          "read only timestep.observation and timestep.step_type in actor_step; rewards and "
-         "discounts reach the learner in the trajectory", ("interface",)),
+         "discounts reach the learner in the trajectory", ("learner_state",)),
     Rule("rollout_length", rule_rollout_length,
          "size what holds trajectories (a replay's period) by the runner's rollout_length: tie "
          "config.agent.rollout_length = config.get_ref('rollout_length') in experiment configs",
@@ -805,7 +824,8 @@ RULES: tuple[Rule, ...] = (
          "keep each sweepable value in the learner state, replace it there in set_hparams, and "
          "read it only from there", ("interface", "rollout_length")),
     Rule("checkpoint", rule_checkpoint,
-         "hold only arrays in the learner state, in the layout init gives",
+         "return from learner_step a learner state of init's structure, shapes and dtypes, "
+         "all arrays",
          ("rollout_length",)),
     Rule("anakin_chunk", rule_anakin_chunk,
          "make the agent's functions traceable inside lax.scan and shard_map (fixed shapes, "

@@ -6,7 +6,8 @@ docstring of `experiments.conformance`): float actions, an `actor_step` that rea
 Sebulba does not send, evaluation that samples, a replay period other than the runner's T, a
 metric that is not a scalar or that is named like a runner's record field, a host callback
 that cannot be vmapped, gradients not averaged over devices, a metric not averaged, a
-`set_hparams` that sets nothing, a learner state holding a Python object, a non-finite loss.
+`set_hparams` that sets nothing, a learner state holding a Python object, a learner step
+that changes the state's dtypes, a non-finite loss, a `sweepable` without `set_hparams`.
 Each is checked on its own rule (`rules=`); the sampling evaluation also goes through every
 rule, to show that a break trips its own rule and no other, and float actions through every
 rule, to show that the rules building on a failed one are skipped rather than failed again.
@@ -168,6 +169,14 @@ def _python_object_in_state(agent):
     }
 
 
+def _layout_changing(agent):
+    def learner_step(state, trajectory, key, *, axis_name):
+        state, metrics = agent.learner_step(state, trajectory, key, axis_name=axis_name)
+        return state.replace(updates=state.updates.astype(jnp.float32)), metrics
+
+    return {"learner_step": learner_step}
+
+
 def _sweepable_without_set_hparams(agent):
     return {"set_hparams": None}
 
@@ -193,7 +202,8 @@ BROKEN = [
     ("replication", _unaveraged_gradients, "pmean(grads"),
     ("metrics_averaged", _unaveraged_metric, "pmean(metrics"),
     ("set_hparams", _ignored_hparams, "learner state"),
-    ("checkpoint", _python_object_in_state, "arrays"),
+    ("learner_state", _python_object_in_state, "closure"),
+    ("checkpoint", _layout_changing, "dtypes"),
     ("anakin_chunk", _non_finite_loss, "NaN"),
     ("sebulba_update", _non_finite_loss, "Sebulba"),
 ]
@@ -224,9 +234,10 @@ def test_rules_that_build_on_a_failed_rule_are_skipped_naming_it():
                          raise_on_failure=False)
     status = {r.rule: r.status for r in report.results}
     assert [rule for rule, s in status.items() if s == "fail"] == ["actions"], str(report)
-    assert status["interface"] == status["acting_view"] == "pass"
+    assert status["interface"] == status["learner_state"] == status["acting_view"] == "pass"
     skipped = [r for r in report.results if r.status == "skip"]
-    assert {r.rule for r in skipped} == set(RULE_NAMES) - {"interface", "actions", "acting_view"}
+    assert {r.rule for r in skipped} == set(RULE_NAMES) - {"interface", "learner_state",
+                                                           "actions", "acting_view"}
     assert all("builds on" in r.detail for r in skipped)
 
 
