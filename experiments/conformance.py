@@ -301,6 +301,18 @@ def _first_difference(a: Any, b: Any, *, rtol: float = 0.0) -> str | None:
     return None
 
 
+def _layout_difference(a: Any, b: Any) -> str | None:
+    """Where the structure, shapes or dtypes of pytrees `a` and `b` (arrays or
+    `jax.ShapeDtypeStruct`s) differ, or None."""
+    tree_a, tree_b = jax.tree.structure(a), jax.tree.structure(b)
+    if tree_a != tree_b:
+        return f"the structures differ ({tree_a} vs {tree_b})"
+    for x, y in zip(state_layout(a), state_layout(b)):
+        if x != y:
+            return f"{x[0] or '<root>'}: {x[1]} {x[2]} became {y[1]} {y[2]}"
+    return None
+
+
 def _device_slices(stacked: Any) -> list[Any]:
     return [jax.tree.map(lambda x, i=i: _numpy(x)[i], stacked)
             for i in range(jax.tree.leaves(stacked)[0].shape[0])]
@@ -376,9 +388,8 @@ def rule_actions(s: _Subject) -> str | None:
                 f"extras{_path(path)} has shape {np.shape(leaf)}, not [B={b}, ...]: the runners "
                 "stack extras over time and Sebulba splits them along B",
                 "give every extras leaf the batch as its leading axis")
-    difference = _first_difference(jax.eval_shape(lambda: actor_state),
-                                   jax.eval_shape(lambda: new_actor_state))
-    if difference is not None and "values" not in difference:
+    difference = _layout_difference(actor_state, new_actor_state)
+    if difference is not None:
         raise _Violation(f"actor_step changed the actor state's layout ({difference}); the "
                          "runners carry it through lax.scan",
                          "return an actor state shaped and typed like init_actor_state(B)'s")
@@ -609,9 +620,8 @@ def rule_learner_state(s: _Subject) -> str | None:
             raise _Violation(
                 f"learner state leaf {_path(path)} is a {type(leaf).__name__}, not an array: "
                 "the runners compile init and checkpoint its state, which hold arrays only")
-    difference = _first_difference(jax.eval_shape(lambda: eager),
-                                   jax.eval_shape(lambda: s.state))
-    if difference is not None and "values" not in difference:
+    difference = _layout_difference(eager, s.state)
+    if difference is not None:
         raise _Violation(f"init gives another layout under jit ({difference})")
     return None
 
@@ -620,13 +630,11 @@ def rule_checkpoint(s: _Subject) -> str | None:
     """learner_step keeps the learner state's layout, and an orbax checkpoint of the state
     restores bit for bit into init's layout."""
     agent = s.agent
-    before = state_layout(jax.eval_shape(lambda: s.state))
-    after = state_layout(jax.eval_shape(
+    after = jax.eval_shape(
         lambda st, t, k: agent.learner_step(st, t, k, axis_name=None)[0],
-        s.state, jax.eval_shape(s.rollout, s.params, s.key), s.key))
-    if before != after:
-        where = next((f"{a} became {b}" for a, b in zip(before, after) if a != b),
-                     f"{len(before)} leaves became {len(after)}")
+        s.state, jax.eval_shape(s.rollout, s.params, s.key), s.key)
+    where = _layout_difference(s.state, after)
+    if where is not None:
         raise _Violation(f"learner_step changed the learner state's layout ({where}): a "
                          "checkpoint is restored into init's layout, and the runners carry "
                          "the state through compiled loops",
