@@ -28,7 +28,7 @@ that one break is reported once. The rules, in the order they run:
   metrics          learner_step's metrics: a dict of numeric scalars whose names do not collide
                    with the runners' own record fields
   vmap             actor_step and learner_step under `jax.vmap` over runs, inside the device
-                   replication (an Anakin sweep)
+                   replication (an Anakin sweep; init is called run by run, as Anakin does)
   replication      init with one key gives the same state on every device, and after
                    learner_step on different data per device the actor parameters still agree
                    (gradients averaged over the device axis)
@@ -52,9 +52,10 @@ the runner's (`config.agent.rollout_length = config.get_ref('rollout_length')`).
 
 Why this lives in `experiments`: the last two rules run both runners' own programs, and only
 `experiments` may import both `anakin` and `sebulba` (docs/architecture.md, "Packages"). The
-interface-level rules need only `podracer`, but they share one set of built agents, states and
-trajectories with the end-to-end ones, so they stay here with them rather than split over two
-modules. Sebulba's parts are imported when its rule runs (they need envpool); the Sebulba rule
+interface-level rules need little beyond `podracer`, but they make their trajectories with
+Anakin's own rollout (`anakin.programs.make_rollout`) and share one set of built agents, states
+and trajectories with the end-to-end ones, so they stay here with them rather than split over
+two modules (a `podracer/testing.py` would have had to take the rollout as an argument). Sebulba's parts are imported when its rule runs (they need envpool); the Sebulba rule
 steps the check's JAX environment on the host through a small adapter that speaks envpool's
 batch interface, so both runners see the same environment.
 """
