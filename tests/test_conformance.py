@@ -1,0 +1,271 @@
+"""The agent conformance check (`experiments.conformance`): every built-in agent passes it, and
+agents broken on purpose, one rule each, fail it with a message naming that rule and its fix.
+
+The broken agents wrap V-trace and break one thing each, as the rules state them (the module
+docstring of `experiments.conformance`): float actions, an `actor_step` that reads the reward
+Sebulba does not send, evaluation that samples, a replay period other than the runner's T, a
+metric that is not a scalar or that is named like a runner's record field, a host callback
+that cannot be vmapped, gradients not averaged over devices, a metric not averaged, a
+`set_hparams` that sets nothing, a learner state holding a Python object, a learner step
+that changes the state's dtypes, a non-finite loss, a `sweepable` without `set_hparams`.
+Each is checked on its own rule (`rules=`); the sampling evaluation also goes through every
+rule, to show that a break trips its own rule and no other, and float actions through every
+rule, to show that the rules building on a failed one are skipped rather than failed again.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from agents import efficientzero, muzero, ppo, vtrace
+from experiments import conformance
+from experiments.conformance import RULE_NAMES, ConformanceError, check_agent
+from podracer.config import ConfigError
+
+
+def _small_muzero(module):
+    config = module.default_config()
+    config.hidden_sizes, config.latent_size = (16,), 16
+    config.num_simulations, config.unroll_steps, config.td_steps = 2, 1, 2
+    config.batch_size, config.replay_capacity, config.min_replay_items = 4, 16, 4
+    return config
+
+
+def _small_efficientzero():
+    config = _small_muzero(efficientzero)
+    config.lstm_size, config.projection_hidden, config.projection_size = 8, 8, 8
+    # No search inside the learner step (its default reanalyses every sample): the check
+    # compiles the step six times, and a search in each took minutes on a 2-core machine.
+    config.reanalyse_fraction = 0.0
+    return config
+
+
+BUILTIN = {
+    "vtrace": vtrace.default_config,
+    "ppo": ppo.default_config,
+    "muzero": lambda: _small_muzero(muzero),
+    "efficientzero": _small_efficientzero,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_every_builtin_agent_passes_every_rule(name):
+    report = check_agent(name, config=BUILTIN[name]())
+    assert report.passed
+    assert [r.rule for r in report.results] == list(RULE_NAMES)
+    # On two devices nothing is skipped, and the replication rules saw real updates.
+    assert report.num_devices == 2
+    assert all(r.status == "pass" for r in report.results), str(report)
+    assert not any("inconclusive" in r.detail for r in report.results), str(report)
+
+
+# ---------------------------------------------------------------------------------------------
+# Broken agents: V-trace with one thing broken.
+
+
+def _broken(change):
+    """A make_agent: V-trace with the fields `change(agent)` returns replaced."""
+
+    def make_agent(config, env_spec):
+        agent = vtrace.make_agent(config, env_spec)
+        return agent._replace(**change(agent))
+
+    return make_agent
+
+
+def _float_actions(agent):
+    def actor_step(params, actor_state, timestep, key, *, evaluation=False):
+        action, actor_state, extras = agent.actor_step(params, actor_state, timestep, key,
+                                                       evaluation=evaluation)
+        return action.astype(jnp.float32), actor_state, extras
+
+    return {"actor_step": actor_step}
+
+
+def _reads_reward(agent):
+    def actor_step(params, actor_state, timestep, key, *, evaluation=False):
+        action, actor_state, extras = agent.actor_step(params, actor_state, timestep, key,
+                                                       evaluation=evaluation)
+        return action, actor_state, {**extras, "reward": jnp.asarray(timestep.reward)}
+
+    return {"actor_step": actor_step}
+
+
+def _sampling_evaluation(agent):
+    def actor_step(params, actor_state, timestep, key, *, evaluation=False):
+        del evaluation  # samples always
+        return agent.actor_step(params, actor_state, timestep, key)
+
+    return {"actor_step": actor_step}
+
+
+def _fixed_period(agent):
+    def learner_step(state, trajectory, key, *, axis_name):
+        if trajectory.action.shape[0] != 8:  # a replay whose windows hold 8 steps
+            raise ConfigError("agent.rollout_length",
+                              f"is 8 but the runner sends T={trajectory.action.shape[0]}",
+                              "tie them")
+        return agent.learner_step(state, trajectory, key, axis_name=axis_name)
+
+    return {"learner_step": learner_step}
+
+
+def _vector_metric(agent):
+    def learner_step(state, trajectory, key, *, axis_name):
+        state, metrics = agent.learner_step(state, trajectory, key, axis_name=axis_name)
+        return state, {**metrics, "rewards": jnp.mean(trajectory.timestep.reward, axis=1)}
+
+    return {"learner_step": learner_step}
+
+
+def _reserved_metric(agent):
+    def learner_step(state, trajectory, key, *, axis_name):
+        state, metrics = agent.learner_step(state, trajectory, key, axis_name=axis_name)
+        return state, {**metrics, "updates": state.updates.astype(jnp.float32)}
+
+    return {"learner_step": learner_step}
+
+
+def _ordered_callback(agent):
+    def learner_step(state, trajectory, key, *, axis_name):
+        state, metrics = agent.learner_step(state, trajectory, key, axis_name=axis_name)
+        # Logs the loss on the host, in order: an effect jax.vmap cannot batch.
+        jax.experimental.io_callback(lambda loss: None, None, metrics["loss"], ordered=True)
+        return state, metrics
+
+    return {"learner_step": learner_step}
+
+
+def _unaveraged_gradients(agent):
+    def learner_step(state, trajectory, key, *, axis_name):
+        del axis_name  # each device learns alone
+        return agent.learner_step(state, trajectory, key, axis_name=None)
+
+    return {"learner_step": learner_step}
+
+
+def _unaveraged_metric(agent):
+    def learner_step(state, trajectory, key, *, axis_name):
+        state, metrics = agent.learner_step(state, trajectory, key, axis_name=axis_name)
+        # This device's mean action, not averaged over the devices.
+        return state, {**metrics, "mean_action": jnp.mean(trajectory.action.astype(float))}
+
+    return {"learner_step": learner_step}
+
+
+def _ignored_hparams(agent):
+    return {"set_hparams": lambda state, hparams: state}
+
+
+def _python_object_in_state(agent):
+    return {
+        "init": lambda key, spec: {"state": agent.init(key, spec), "label": "my agent"},
+        "actor_params": lambda state: agent.actor_params(state["state"]),
+        "learner_step": lambda state, trajectory, key, *, axis_name: (
+            lambda out: ({"state": out[0], "label": state["label"]}, out[1]))(
+                agent.learner_step(state["state"], trajectory, key, axis_name=axis_name)),
+        "set_hparams": lambda state, hparams: {
+            "state": agent.set_hparams(state["state"], hparams), "label": state["label"]},
+    }
+
+
+def _layout_changing(agent):
+    def learner_step(state, trajectory, key, *, axis_name):
+        state, metrics = agent.learner_step(state, trajectory, key, axis_name=axis_name)
+        return state.replace(updates=state.updates.astype(jnp.float32)), metrics
+
+    return {"learner_step": learner_step}
+
+
+def _sweepable_without_set_hparams(agent):
+    return {"set_hparams": None}
+
+
+def _non_finite_loss(agent):
+    def learner_step(state, trajectory, key, *, axis_name):
+        state, metrics = agent.learner_step(state, trajectory, key, axis_name=axis_name)
+        return state, {**metrics, "loss": metrics["loss"] / 0.0}
+
+    return {"learner_step": learner_step}
+
+
+BROKEN = [
+    # (rule, the break, a word of the fix the message must give)
+    ("interface", _sweepable_without_set_hparams, "set_hparams"),
+    ("actions", _float_actions, "int32"),
+    ("acting_view", _reads_reward, "observation"),
+    ("evaluation", _sampling_evaluation, "greedily"),
+    ("rollout_length", _fixed_period, "rollout_length"),
+    ("metrics", _vector_metric, "scalar"),
+    ("metrics", _reserved_metric, "rename"),
+    ("vmap", _ordered_callback, "vmap"),
+    ("replication", _unaveraged_gradients, "pmean(grads"),
+    ("metrics_averaged", _unaveraged_metric, "pmean(metrics"),
+    ("set_hparams", _ignored_hparams, "learner state"),
+    ("learner_state", _python_object_in_state, "closure"),
+    ("checkpoint", _layout_changing, "dtypes"),
+    ("anakin_chunk", _non_finite_loss, "NaN"),
+    ("sebulba_update", _non_finite_loss, "Sebulba"),
+]
+
+
+@pytest.mark.parametrize("rule, change, fix", BROKEN,
+                         ids=[f"{rule}-{change.__name__[1:]}" for rule, change, _ in BROKEN])
+def test_an_agent_broken_on_one_rule_fails_it_naming_the_rule_and_the_fix(rule, change, fix):
+    with pytest.raises(ConformanceError) as caught:
+        check_agent(_broken(change), config=vtrace.default_config(), rules=[rule])
+    error = caught.value
+    assert error.rules == [rule]
+    message = str(error)
+    assert f"rule {rule!r} failed" in message
+    assert "fix: " in message and fix in message.split("fix: ", 1)[1], message
+
+
+def test_a_broken_agent_trips_its_own_rule_and_no_other():
+    report = check_agent(_broken(_sampling_evaluation), config=vtrace.default_config(),
+                         raise_on_failure=False)
+    assert not report.passed
+    assert [r.rule for r in report.results if r.status == "fail"] == ["evaluation"], str(report)
+
+
+def test_rules_that_build_on_a_failed_rule_are_skipped_naming_it():
+    # Trajectories need valid actions: with float actions the rules that make them are not run.
+    report = check_agent(_broken(_float_actions), config=vtrace.default_config(),
+                         raise_on_failure=False)
+    status = {r.rule: r.status for r in report.results}
+    assert [rule for rule, s in status.items() if s == "fail"] == ["actions"], str(report)
+    assert status["interface"] == status["learner_state"] == status["acting_view"] == "pass"
+    skipped = [r for r in report.results if r.status == "skip"]
+    assert {r.rule for r in skipped} == set(RULE_NAMES) - {"interface", "learner_state",
+                                                           "actions", "acting_view"}
+    assert all("builds on" in r.detail for r in skipped)
+
+
+# ---------------------------------------------------------------------------------------------
+# The check's own interface.
+
+
+def test_the_replication_rules_are_skipped_with_a_note_on_one_device():
+    report = check_agent("vtrace", num_devices=1,
+                         rules=["interface", "replication", "metrics_averaged"])
+    assert report.passed
+    assert [(r.rule, r.status) for r in report.results] == [
+        ("interface", "pass"), ("replication", "skip"), ("metrics_averaged", "skip")]
+    assert "at least 2 devices" in report.result("replication").detail
+
+
+def test_a_make_agent_needs_its_config_and_rules_are_named():
+    with pytest.raises(TypeError, match="needs the agent's config"):
+        check_agent(vtrace.make_agent)
+    with pytest.raises(ValueError, match="Unknown rules"):
+        check_agent("vtrace", rules=["no_such_rule"])
+    with pytest.raises(KeyError, match="Unknown agent"):
+        check_agent("no_such_agent")
+
+
+def test_the_command_line_prints_one_line_per_rule(capsys):
+    status = conformance.main(["--agent=vtrace", "--rules=interface,actions,metrics"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert status == 0
+    assert lines[0].startswith("Agent 'vtrace' on 'catch'")
+    assert lines[1:] == ["PASS  interface", "PASS  actions", "PASS  metrics"]
