@@ -55,9 +55,10 @@ Why this lives in `experiments`: the last two rules run both runners' own progra
 interface-level rules need little beyond `podracer`, but they make their trajectories with
 Anakin's own rollout (`anakin.programs.make_rollout`) and share one set of built agents, states
 and trajectories with the end-to-end ones, so they stay here with them rather than split over
-two modules (a `podracer/testing.py` would have had to take the rollout as an argument). Sebulba's parts are imported when its rule runs (they need envpool); the Sebulba rule
-steps the check's JAX environment on the host through a small adapter that speaks envpool's
-batch interface, so both runners see the same environment.
+two modules (a `podracer/testing.py` would have had to take the rollout as an argument).
+Sebulba's parts are imported when its rule runs (they need envpool); the Sebulba rule steps the
+check's environment as Sebulba's own `envs_jax:<name>` task (`sebulba.envs_jax_env`), so both
+runners see the same environment.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ from anakin.programs import FIRST_NONFINITE, make_programs, make_rollout
 from podracer import faults, replication
 from podracer.agent import Agent
 from podracer.checkpoint import state_layout
-from podracer.types import DEVICE_AXIS, DiscreteSpec, StepType, TimeStep
+from podracer.types import DEVICE_AXIS, DiscreteSpec, TimeStep
 
 ROLLOUT_LENGTH = 4  # T of every trajectory the check makes
 ENVS_PER_DEVICE = 4  # B
@@ -693,43 +694,11 @@ def rule_anakin_chunk(s: _Subject) -> str | None:
     return None
 
 
-class _HostBatch:
-    """The check's JAX environment stepped on the host in a batch, speaking the interface of
-    Sebulba's `EnvpoolEnv` (numpy `TimeStep`s, envpool's image layout, game statistics)."""
-
-    def __init__(self, env: Any, num_envs: int, key: jax.Array):
-        self.num_envs = num_envs
-        self._key = key
-        self._reset = jax.jit(jax.vmap(env.reset))
-        self._step = jax.jit(jax.vmap(env.step))
-        self._state = None
-
-    def _host(self, timestep: TimeStep) -> TimeStep:
-        t = jax.device_get(timestep)
-        observation = np.asarray(t.observation)
-        if observation.ndim == 4:  # [B, H, W, C] -> envpool's [B, C, H, W]; the actor undoes it
-            observation = observation.transpose(0, 3, 1, 2)
-        last = np.asarray(t.step_type) == StepType.LAST
-        return TimeStep(step_type=np.asarray(t.step_type, np.int32),
-                        reward=np.asarray(t.reward, np.float32),
-                        discount=np.asarray(t.discount, np.float32), observation=observation,
-                        extras={"game_over": last,
-                                "episode_return": np.asarray(t.extras["episode_return"]),
-                                "episode_length": np.asarray(t.extras["episode_length"])})
-
-    def reset(self) -> TimeStep:
-        self._state, timestep = self._reset(jax.random.split(self._key, self.num_envs))
-        return self._host(timestep)
-
-    def step(self, action: np.ndarray) -> TimeStep:
-        self._state, timestep = self._step(self._state, jnp.asarray(action))
-        return self._host(timestep)
-
-
 def rule_sebulba_update(s: _Subject) -> str | None:
     """Sebulba's own actor thread and learner loop make `SEBULBA_UPDATES` updates end to end."""
     try:
         from sebulba.actor import Actor, ActorCounters, make_actor_functions
+        from sebulba.envs_jax_env import EnvsJaxEnv
         from sebulba.learner import (
             Learner,
             LearnerSchedule,
@@ -754,7 +723,9 @@ def rule_sebulba_update(s: _Subject) -> str | None:
     act, pack = make_actor_functions(agent, len(learner_devices))
     rollouts: queue.Queue = queue.Queue(maxsize=2)
     counters = ActorCounters()
-    actor = Actor(agent=agent, env=_HostBatch(s.env, envs, env_key), act=act, pack=pack,
+    # Sebulba's own `envs_jax:<name>` host environment: the check's environment, on the host.
+    env = EnvsJaxEnv(s.env_name, envs, seed=int(jax.random.randint(env_key, (), 0, 2**31 - 1)))
+    actor = Actor(agent=agent, env=env, act=act, pack=pack,
                   store=store, device_index=0, learner_devices=learner_devices, out=rollouts,
                   key=actor_key, rollout_length=ROLLOUT_LENGTH, policy_lag=1, timeout_s=300.0,
                   counters=counters)
@@ -781,6 +752,7 @@ def rule_sebulba_update(s: _Subject) -> str | None:
     finally:
         stop.set()
         thread.join(60)
+        env.close()
     if failure:
         raise _Violation(f"Sebulba's actor failed ({type(failure[0]).__name__}: "
                          f"{_short(failure[0])})") from failure[0]
