@@ -48,11 +48,22 @@ BUILTIN = {
 }
 
 
+# The search agents compile a search in every rule, and their learner step in six: on the
+# 2-core CI machine their full check takes 3-4 minutes each. Here they run every rule but the
+# two that compile the learner step three more times (`set_hparams`, twice, and `vmap`, which
+# MuZero's own sweep test covers: tests/test_muzero.py,
+# test_hyperparameters_are_held_in_the_learner_state_and_sweepable); the full check is
+# `python -m experiments.conformance --agent=muzero` (and efficientzero), run for the release
+# notes.
+SKIPPED_HERE = {"muzero": ("set_hparams", "vmap"), "efficientzero": ("set_hparams", "vmap")}
+
+
 @pytest.mark.parametrize("name", sorted(BUILTIN))
 def test_every_builtin_agent_passes_every_rule(name):
-    report = check_agent(name, config=BUILTIN[name]())
+    rules = [r for r in RULE_NAMES if r not in SKIPPED_HERE.get(name, ())]
+    report = check_agent(name, config=BUILTIN[name](), rules=rules)
     assert report.passed
-    assert [r.rule for r in report.results] == list(RULE_NAMES)
+    assert [r.rule for r in report.results] == rules
     # On two devices nothing is skipped, and the replication rules saw real updates.
     assert report.num_devices == 2
     assert all(r.status == "pass" for r in report.results), str(report)
