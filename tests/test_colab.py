@@ -18,6 +18,7 @@ SMALL = {
     "sebulba_quickstart.ipynb":
         "TOTAL_ENV_STEPS = 15_360\nENVS_PER_ACTOR_THREAD = 48\nLOG_EVERY_UPDATES = 5\n",
     "muzero_quickstart.ipynb": "TOTAL_ENV_STEPS = 3_200\nNUM_SIMULATIONS = 4\nUPDATES_PER_CHUNK = 5\n",
+    "your_own_agent.ipynb": "TOTAL_ENV_STEPS = 12_800\nNUM_ENVS = 32\nUPDATES_PER_CHUNK = 5\n",
 }
 
 
@@ -63,3 +64,17 @@ def test_notebook_runs_headless(name, tmp_path, monkeypatch):
     assert _images(notebook), "the learning curve was not drawn"
     assert os.path.exists(os.path.join(workdir, "metrics.jsonl"))
     assert any(n.startswith("events.out.tfevents") for n in os.listdir(workdir))
+
+
+def test_the_guides_agent_is_the_notebooks():
+    """docs/extending.md shows the agent that colab/your_own_agent.ipynb defines and runs: the
+    two copies are the same code, so the guide's is tested by the notebook's run."""
+    import re
+
+    with open(os.path.join(ROOT, "docs", "extending.md")) as f:
+        guide = re.search(r"<!-- q_lambda:begin -->\n```python\n(.*?)```\n<!-- q_lambda:end -->",
+                          f.read(), re.S)
+    assert guide, "docs/extending.md lost its marked example"
+    notebook = nbformat.read(os.path.join(COLAB, "your_own_agent.ipynb"), as_version=4)
+    sources = [c.source.strip() for c in notebook.cells if c.cell_type == "code"]
+    assert guide.group(1).strip() in sources
