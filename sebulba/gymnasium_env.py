@@ -45,7 +45,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, StepType, TimeStep
-from sebulba.host_env import AUTORESET_MODES
+
+# gymnasium's autoreset modes by their config values (`sebulba.host_env.AUTORESET_MODES`, which
+# the config validates against, lists the same; a test keeps the two equal).
+MODES = {mode.name.lower(): mode for mode in AutoresetMode}
 
 _FULL_RESET = "_podracer_full_reset"  # a reset option: not one that a held step follows
 
@@ -142,7 +145,7 @@ def _make_vector_env(spec: gymnasium.envs.registration.EnvSpec, num_envs: int, m
                      kwargs: Mapping[str, Any]) -> gymnasium.vector.VectorEnv:
     wrappers = [] if mode == "next_step" else [_HoldReset]
     return gymnasium.make_vec(spec, num_envs=num_envs, vectorization_mode="sync",
-                              vector_kwargs={"autoreset_mode": AutoresetMode[mode.upper()]},
+                              vector_kwargs={"autoreset_mode": MODES[mode]},
                               wrappers=wrappers, **dict(kwargs))
 
 
@@ -307,9 +310,9 @@ class GymnasiumEnv:
 
     def __init__(self, gym_id: str, num_envs: int, *, seed: int, num_workers: int = 0,
                  autoreset_mode: str = "next_step", kwargs: Mapping[str, Any] | None = None):
-        if autoreset_mode not in AUTORESET_MODES:
+        if autoreset_mode not in MODES:
             raise ValueError(f"autoreset_mode {autoreset_mode!r} is not one of "
-                             f"{AUTORESET_MODES}")
+                             f"{tuple(MODES)}")
         self.task = gym_id
         self.num_envs = num_envs
         self.kwargs = dict(kwargs or {})

@@ -408,3 +408,12 @@ def test_gymnasium_workers_evaluate_checkpoint_and_resume(tmp_path):
     records = metrics_lib.read_records(str(tmp_path))
     assert [r["updates"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert second.run_info["environment"]["num_workers"] == 2
+
+
+def test_the_config_accepts_exactly_gymnasiums_autoreset_modes():
+    from gymnasium.vector import AutoresetMode
+
+    from sebulba import gymnasium_env
+
+    assert set(host_env.AUTORESET_MODES) == set(gymnasium_env.MODES)
+    assert set(gymnasium_env.MODES.values()) == set(AutoresetMode)
