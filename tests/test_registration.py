@@ -6,6 +6,7 @@
 the one it replaced (the notebook's edit-and-rerun loop).
 """
 
+import jax
 import pytest
 from conftest import small_catch_config
 
@@ -144,3 +145,22 @@ def test_evaluation_of_a_sweep_takes_actor_params_per_run():
     for history in result.run_histories:
         evals = [r["eval_return"] for r in history if "eval_return" in r]
         assert len(evals) == 2 and all(-1.0 <= e <= 1.0 for e in evals)
+
+
+def test_a_registered_agent_checkpoints_and_resumes_like_a_builtin_one(my_agent, tmp_path):
+    """Half the run, then the whole run on the same workdir: the second call resumes from the
+    first's last checkpoint and ends where one uninterrupted run of the registered agent ends."""
+    import numpy as np
+
+    config = small_catch_config()
+    config.agent = _my_config()
+    whole = anakin.train(config)
+    half = small_catch_config(total_env_steps=config.total_env_steps // 2)
+    half.agent = _my_config()
+    workdir = str(tmp_path / "run")
+    anakin.train(half, workdir)
+    resumed = anakin.train(config, workdir)
+    assert resumed.resumed_from_updates == 2 * config.updates_per_chunk
+    leaves = lambda r: jax.tree.leaves(r.params)
+    for a, b in zip(leaves(resumed), leaves(whole), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
