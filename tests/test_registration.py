@@ -164,3 +164,59 @@ def test_a_registered_agent_checkpoints_and_resumes_like_a_builtin_one(my_agent,
     leaves = lambda r: jax.tree.leaves(r.params)
     for a, b in zip(leaves(resumed), leaves(whole), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+_RESEARCH_MODULE = '''
+"""A researcher's script: registers an agent of its own, then trains it with Anakin."""
+import sys
+
+import jax
+
+import agents
+import anakin
+from agents import vtrace
+from experiments.configs import vtrace_catch
+
+
+def default_config():
+    config = vtrace.default_config()
+    config.name = "my_vtrace"
+    return config
+
+
+agents.register("my_vtrace", lambda config, spec: vtrace.make_agent(config, spec),
+                default_config=default_config)
+
+if __name__ == "__main__":
+    config = vtrace_catch.get_config()
+    config.agent = default_config()
+    config.num_envs, config.updates_per_chunk, config.total_env_steps = 64, 20, 2 * 64 * 20 * 20
+    result = anakin.train(config, sys.argv[1])
+    print(f"process {jax.process_index()} of {jax.process_count()}: {jax.device_count()} "
+          f"devices, {result.final_metrics['updates']} updates")
+'''
+
+
+def test_a_registered_agent_runs_multi_process_from_the_researchers_own_module(tmp_path):
+    """`experiments.launch --module=<their script>`: each process registers the agent on import
+    and joins one 2-process x 2-device run of it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "my_research.py").write_text(_RESEARCH_MODULE)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root, str(tmp_path), env.get("PYTHONPATH", "")])
+    workdir = str(tmp_path / "run")
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.launch", "--num_processes=2",
+         "--cpu_devices_per_process=2", "--module=my_research", "--", workdir],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    for process in (0, 1):
+        assert f"process {process} of 2: 4 devices, 40 updates" in output, output[-3000:]
+    with open(os.path.join(workdir, "config.json")) as f:
+        assert json.load(f)["agent"]["name"] == "my_vtrace"
