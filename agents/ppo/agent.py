@@ -37,6 +37,7 @@ import optax
 
 from agents.actor_critic import LearnerState, init_learner_state
 from agents.hparams import replace_hparams
+from agents.popart import PopArtLearnerState, PopArtStats
 from agents.ppo import learning, networks
 from podracer.agent import Agent
 from podracer.config import ConfigError
@@ -71,6 +72,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.value_cost = 0.5
     c.entropy_cost = 0.01
     c.normalize_advantages = True  # over the global batch (every device and process)
+    # PopArt value normalisation (agents/popart.py; docs/ppo.md): the value head learns
+    # targets scaled to about unit size, so that value_clip_eps and the value loss's weight
+    # mean the same whatever the rewards' scale (Pendulum's returns reach -1,000).
+    c.popart = True
+    c.popart_step_size = 1e-3  # beta of the statistics' exponential averages
     c.off_policy = "plain"  # stale data (Sebulba, lag > 0): "plain" | "corrected" (docs/ppo.md)
     c.clip_rho_threshold = 1.0  # "corrected": rho-bar, the cap on the weights pi_0/mu
     c.unroll_updates = False  # unroll the epoch/minibatch scans (conv nets on CPU: docs/ppo.md)
@@ -123,6 +129,13 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
         if not isinstance(config[field], int) or config[field] < 1:
             raise ConfigError(f"agent.{field}", f"must be a whole number >= 1, got "
                               f"{config[field]!r}", f"set --config.agent.{field}=4")
+    if not isinstance(config.popart, bool):
+        raise ConfigError("agent.popart", f"must be True or False, got {config.popart!r}",
+                          "set --config.agent.popart=True")
+    if not 0.0 < config.popart_step_size <= 1.0:
+        raise ConfigError("agent.popart_step_size",
+                          f"must lie in (0, 1], got {config.popart_step_size}",
+                          "set --config.agent.popart_step_size=1e-3")
     if config.anneal_lr_updates < 0:
         raise ConfigError("agent.anneal_lr_updates", f"must be >= 0, got "
                           f"{config.anneal_lr_updates}", "use 0 for a constant step size")
@@ -134,7 +147,8 @@ def learn_config(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> learni
         num_epochs=config.num_epochs, num_minibatches=config.num_minibatches,
         off_policy=config.off_policy, normalize_advantages=bool(config.normalize_advantages),
         unroll_updates=bool(config.unroll_updates), continuous=networks.is_continuous(env_spec),
-        observation_rank=len(env_spec.observation.shape))
+        observation_rank=len(env_spec.observation.shape), popart=config.popart,
+        popart_step_size=float(config.popart_step_size))
 
 
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
@@ -145,9 +159,15 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     optimizer = make_optimizer(config)
     learn = learn_config(config, env_spec)
     loss_hparams = {k: config[k] for k in LOSS_HPARAMS}
+
+    def init(key, spec=env_spec):
+        state = init_learner_state(network, optimizer, loss_hparams, key, spec)
+        if learn.popart:
+            return PopArtLearnerState(**dict(state.items()), popart=PopArtStats.init())
+        return state
+
     return Agent(
-        init=lambda key, spec=env_spec: init_learner_state(network, optimizer, loss_hparams,
-                                                           key, spec),
+        init=init,
         actor_step=functools.partial(learning.actor_step, network,
                                      continuous=learn.continuous),
         learner_step=functools.partial(learning.learner_step, network, optimizer, learn),

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from agents import popart
 from agents.actor_critic import LearnerState
 from agents.ppo import losses, networks
 from podracer.config import ConfigError
@@ -41,6 +42,8 @@ class LearnConfig:
     unroll_updates: bool  # unroll the epoch and minibatch scans
     continuous: bool  # the actions are a vector [D] (a Gaussian policy), not one integer
     observation_rank: int  # the rank of one observation, without leading axes
+    popart: bool = False  # PopArt value normalisation: statistics in `PopArtLearnerState`
+    popart_step_size: float = 1e-3  # beta, the statistics' exponential-averaging step
 
 
 def apply(network: nn.Module, params: Params, observation: Array, *,
@@ -69,11 +72,19 @@ def actor_step(network: nn.Module, params: Params, actor_state: tuple[()], times
 
 
 def targets(network: nn.Module, learn: LearnConfig, params: Params, trajectory: Trajectory,
-            hparams: dict[str, Array], *, axis_name: str | None
+            hparams: dict[str, Array], *, axis_name: str | None,
+            popart_stats: popart.PopArtStats | None = None
             ) -> tuple[dict[str, Array], Metrics]:
     """Per-sample [T, B] inputs of the epochs: old log-probabilities and values,
     advantages (normalised over `axis_name` too), value targets, importance weights and the
-    mask; and the advantages' metrics."""
+    mask; and the advantages' metrics. With PopArt statistics `popart_stats` the network's
+    value is the normalised n(x): values and targets here are sigma n(x) + mu."""
+
+    def unnormalised(values: Array) -> Array:
+        if popart_stats is None:
+            return values
+        return values * popart.scale(popart_stats) + popart_stats.mean
+
     continuous = learn.continuous
     ts = trajectory.timestep
     mask = trajectory.transition_mask()
@@ -86,6 +97,7 @@ def targets(network: nn.Module, learn: LearnConfig, params: Params, trajectory: 
         # pi_0 and V_0 at x_0 .. x_T
         policy, values = apply(network, params, ts.observation,
                                observation_rank=learn.observation_rank)
+        values = unnormalised(values)
         old_log_prob = networks.log_prob(jax.tree.map(lambda x: x[:-1], policy),
                                          trajectory.action, continuous=continuous)
         rhos = jnp.exp(old_log_prob - behaviour_log_prob)
@@ -98,7 +110,10 @@ def targets(network: nn.Module, learn: LearnConfig, params: Params, trajectory: 
     else:
         # The actor's values at x_0 .. x_{T-1}; x_T's is the learner's (not yet acted on).
         _, last_value = network.apply(params, ts.observation[-1])
-        values = jnp.concatenate([trajectory.extras["value"], last_value[None]], axis=0)
+        # (Under Sebulba with a policy lag the actor's n(x) came from statistics one update
+        # older; PopArt moves them by beta per update, so the difference is of that order.)
+        values = unnormalised(
+            jnp.concatenate([trajectory.extras["value"], last_value[None]], axis=0))
         old_log_prob = behaviour_log_prob
         advantages = jax.vmap(
             lambda r, d, v, m: losses.gae_advantages(r, d, v, m, **kw),
@@ -193,11 +208,32 @@ def learner_step(network: nn.Module, optimizer: optax.GradientTransformation,
             "environments) each learner device receives",
             f"use a divisor of {n}, or change rollout_length or the number of environments")
     hparams = learner_state.hparams
+    stats = learner_state.popart if learn.popart else None
     batch, target_metrics = targets(network, learn, learner_state.params, trajectory, hparams,
-                                    axis_name=axis_name)
+                                    axis_name=axis_name, popart_stats=stats)
+    params, extra = learner_state.params, {}
+    if stats is not None:
+        # ART on the global batch's value targets, POP on the value head; the epochs then fit
+        # n(x) to the targets normalised with the new statistics (the old values too, so that
+        # value clipping acts in normalised units).
+        mask = batch["mask"]
+        moments = jnp.stack([jnp.sum(mask), jnp.sum(batch["return"] * mask),
+                             jnp.sum(jnp.square(batch["return"]) * mask)])
+        if axis_name is not None:
+            moments = jax.lax.psum(moments, axis_name)
+        count = jnp.maximum(moments[0], 1.0)
+        new_stats = popart.update(stats, moments[1] / count, moments[2] / count,
+                                  learn.popart_step_size)
+        params = popart.preserve(params, stats, new_stats)
+        sigma = popart.scale(new_stats)
+        batch = {**batch, "return": (batch["return"] - new_stats.mean) / sigma,
+                 "old_value": (batch["old_value"] - new_stats.mean) / sigma}
+        target_metrics = {**target_metrics, "popart_mean": new_stats.mean,
+                          "popart_scale": sigma}
+        extra = {"popart": new_stats}
     flat = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]), batch)
     (params, opt_state), metrics = optimise(
-        network, optimizer, learn, learner_state.params, learner_state.opt_state, flat,
+        network, optimizer, learn, params, learner_state.opt_state, flat,
         hparams, key, axis_name=axis_name)
     first_deviation = metrics.pop("ratio_deviation")[0, 0]
     metrics = {**jax.tree.map(jnp.mean, metrics), **target_metrics}
@@ -206,5 +242,5 @@ def learner_step(network: nn.Module, optimizer: optax.GradientTransformation,
         first_deviation = jax.lax.pmax(first_deviation, axis_name)
     metrics["first_ratio_deviation"] = first_deviation
     new_state = learner_state.replace(params=params, opt_state=opt_state,
-                                      updates=learner_state.updates + 1)
+                                      updates=learner_state.updates + 1, **extra)
     return new_state, metrics

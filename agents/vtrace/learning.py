@@ -12,13 +12,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
+from agents import popart
 from agents.actor_critic import LearnerState
+from agents.popart import PopArtLearnerState, PopArtStats  # noqa: F401  (re-exported)
+from agents.popart import update as popart_update
 from agents.vtrace.losses import LossOutput, vtrace_loss
 from podracer.types import Array, Extras, Metrics, Params, PRNGKey, TimeStep, Trajectory
 
@@ -38,52 +40,18 @@ class LearnConfig:
     popart_max_scale: float = 1e6
 
 
-@chex.dataclass(frozen=True)
-class PopArtStats:
-    """PopArt's statistics of the value targets (van Hasselt et al., 2016): the running first
-    and second moments; sigma = sqrt(second - mean^2), clipped."""
-
-    mean: Array  # [] mu
-    second_moment: Array  # [] nu
-
-    @staticmethod
-    def init() -> PopArtStats:
-        return PopArtStats(mean=jnp.zeros((), jnp.float32),
-                           second_moment=jnp.ones((), jnp.float32))
-
-
-@chex.dataclass(frozen=True)
-class PopArtLearnerState(LearnerState):
-    """V-trace's learner state with PopArt: `LearnerState` and the statistics (checkpointed
-    with it, identical on every device since they are updated from pmean'd moments)."""
-
-    popart: PopArtStats
-
-
 def popart_scale(stats: PopArtStats, learn: LearnConfig) -> Array:
     """sigma = sqrt(nu - mu^2), clipped to [popart_min_scale, popart_max_scale]."""
-    variance = jnp.maximum(stats.second_moment - jnp.square(stats.mean), 0.0)
-    return jnp.clip(jnp.sqrt(variance), learn.popart_min_scale, learn.popart_max_scale)
-
-
-def popart_update(stats: PopArtStats, target_mean: Array, target_sq_mean: Array,
-                  step_size: float) -> PopArtStats:
-    """ART: the moments move towards the batch's (`target_*`, already global) by `step_size`."""
-    return PopArtStats(
-        mean=(1.0 - step_size) * stats.mean + step_size * target_mean,
-        second_moment=(1.0 - step_size) * stats.second_moment + step_size * target_sq_mean)
+    return popart.scale(stats, min_scale=learn.popart_min_scale,
+                        max_scale=learn.popart_max_scale)
 
 
 def popart_preserve(params: Params, old: PopArtStats, new: PopArtStats,
                     learn: LearnConfig) -> Params:
-    """POP: the value head's last layer (`params["params"]["value"]`, the network's normalised
-    output n(x) = w h + b) rescaled so that sigma n(x) + mu is unchanged by the new statistics:
-        w' = w sigma / sigma',   b' = (sigma b + mu - mu') / sigma'."""
-    sigma, new_sigma = popart_scale(old, learn), popart_scale(new, learn)
-    head = params["params"]["value"]
-    head = {**head, "kernel": head["kernel"] * sigma / new_sigma,
-            "bias": (sigma * head["bias"] + old.mean - new.mean) / new_sigma}
-    return {**params, "params": {**params["params"], "value": head}}
+    """POP (`agents.popart.preserve`): the value head's last layer rescaled so that
+    sigma n(x) + mu is unchanged by the new statistics."""
+    return popart.preserve(params, old, new, min_scale=learn.popart_min_scale,
+                           max_scale=learn.popart_max_scale)
 
 
 def actor_step(network: nn.Module, params: Params, actor_state: tuple[()], timestep: TimeStep,
