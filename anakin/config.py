@@ -29,8 +29,11 @@ def default_config() -> ml_collections.ConfigDict:
     config.env.kwargs = ml_collections.ConfigDict()  # passed to envs_jax.make
     config.env.max_episode_steps = 0  # time limit added by the runner; 0 = none
     config.agent = None  # the experiment sets it, e.g. config.agent = vtrace.default_config()
-    config.num_envs = 256  # environments in total, split evenly over the devices
-    config.rollout_length = 20  # T: steps per trajectory (and per update)
+    # 32 x 16 = 512 transitions per update: about 2,000 updates per million steps, with
+    # which every shipped agent's defaults learn Catch and classic control (docs/results.md).
+    # For throughput on many devices raise num_envs (the benchmarks use 256 per device).
+    config.num_envs = 32  # environments in total, split evenly over the devices
+    config.rollout_length = 16  # T: steps per trajectory (and per update)
     config.updates_per_chunk = 50  # K: updates per compiled call; one log line per chunk
     config.total_env_steps = 2_000_000  # agent steps of the run, rounded up to whole chunks
     # With a --workdir, learner updates between checkpoints in <workdir>/checkpoints, taken at

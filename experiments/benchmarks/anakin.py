@@ -37,6 +37,9 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(_CONFIGS, "vtrace_catch.py"),
     "Experiment config; num_envs is overridden to envs_per_device x devices.")
 _ENVS_PER_DEVICE = flags.DEFINE_integer("envs_per_device", 256, "Environments per device.")
+_ROLLOUT_LENGTH = flags.DEFINE_integer(
+    "rollout_length", 20, "T of the measured workload (overrides the config's; the figures in "
+    "docs/benchmarks.md use 20).")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed chunks per measurement (best is kept).")
 
 
@@ -63,6 +66,7 @@ def main(argv):
     config = _CONFIG.value
     num_devices = anakin.validate(config, jax.device_count())
     config.num_envs = _ENVS_PER_DEVICE.value * num_devices
+    config.rollout_length = _ROLLOUT_LENGTH.value
     mesh = replication.make_mesh(jax.devices()[:num_devices])
     env = envs_jax.wrap_for_training(envs_jax.make(config.env.name, **config.env.kwargs),
                                      config.env.max_episode_steps or None)

@@ -5,9 +5,9 @@
 `envs_jax.make("Acrobot-v1")` is the JAX port parity-tested against gymnasium, with its
 500-step time limit (a truncation, bootstrapped). The agent's defaults as they are (PopArt on:
 without it the value regression to returns near -100 inflated the shared torso's features and
-the policy turned deterministic before any episode succeeded; docs/vtrace.md). The batch is
-CartPole's: 32 environments x T = 16, about 2,000 updates per 1M steps (the 256 x 20 batch of
-`vtrace_catch.py` makes 200, too few by 1M). Measured: docs/vtrace.md.
+the policy turned deterministic before any episode succeeded; docs/vtrace.md), at the runner's
+default batch, 32 environments x T = 16: about 2,000 updates per 1M steps (the old default,
+256 x 20, made 200, too few by 1M). Measured: docs/vtrace.md and docs/results.md.
 """
 
 import ml_collections
@@ -18,8 +18,6 @@ from experiments.configs import vtrace_catch
 def get_config() -> ml_collections.ConfigDict:
     config = vtrace_catch.get_config()
     config.env.name = "Acrobot-v1"
-    config.num_envs = 32
-    config.rollout_length = 16
     config.updates_per_chunk = 100
     config.total_env_steps = 1_000_000
     return config

@@ -2,7 +2,7 @@
 
     python -m experiments.anakin --config=experiments/configs/vtrace_catch.py --workdir=/tmp/run
 
-Anakin's defaults (`anakin.default_config()`: Catch, 256 environments, T = 20, 2M steps) with
+Anakin's defaults (`anakin.default_config()`: Catch, 32 environments, T = 16, 2M steps) with
 V-trace's agent, checkpoints and greedy evaluation.
 """
 
@@ -15,6 +15,6 @@ from agents import vtrace
 def get_config() -> ml_collections.ConfigDict:
     config = anakin.default_config()
     config.agent = vtrace.default_config()
-    config.checkpoint_every_updates = 200  # with a --workdir (the run has 400 updates)
-    config.eval_every_updates = 200  # the return of the greedy policy, beside the training one
+    config.checkpoint_every_updates = 1000  # with a --workdir (the run has 3,907 updates)
+    config.eval_every_updates = 500  # the return of the greedy policy, beside the training one
     return config
