@@ -28,6 +28,7 @@ def _small_muzero(module):
     config.hidden_sizes, config.latent_size = (16,), 16
     config.num_simulations, config.unroll_steps, config.td_steps = 2, 1, 2
     config.batch_size, config.replay_capacity, config.min_replay_items = 4, 16, 4
+    config.updates_per_step = 1
     return config
 
 

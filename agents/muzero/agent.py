@@ -73,12 +73,16 @@ def default_config() -> ml_collections.ConfigDict:
     c.discount = 0.97
     c.unroll_steps = 5  # K
     c.td_steps = 10  # n of the n-step value targets
-    c.batch_size = 64  # sampled positions per update (per device)
-    c.updates_per_step = 1  # updates per inserted trajectory: the replay ratio
-    c.learning_rate = 1e-3  # sweepable
+    # The learning defaults are those of the Catch config, with which MuZero learns Catch at
+    # Anakin's default batch (32 x 16; docs/results.md): at 4 x 256 positions sampled per 512
+    # inserted, 2 samples per transition. (Until 2026-11-26: 64 x 1, learning rate 1e-3, value
+    # cost 0.25 and alpha 1, the paper's Atari values, which did not learn Catch in 1M steps.)
+    c.batch_size = 256  # sampled positions per update (per device)
+    c.updates_per_step = 4  # updates per inserted trajectory: the replay ratio
+    c.learning_rate = 3e-3  # sweepable
     c.max_grad_norm = 5.0  # sweepable
     c.weight_decay = 1e-4  # sweepable
-    c.value_cost = 0.25  # sweepable
+    c.value_cost = 1.0  # sweepable
     c.target_update_interval = 100  # updates between target-network copies
     c.reanalyse_fraction = 0.0  # share of each batch whose targets are recomputed by search
     # Reanalysed bootstrap values: "target_network" (the target network's value, as MuZero
@@ -94,10 +98,11 @@ def default_config() -> ml_collections.ConfigDict:
     # Replay of positions (per device).
     c.replay_capacity = 5120  # positions (timesteps); stored as windows of rollout_length
     c.min_replay_items = 640  # no updates until this many positions can be sampled
-    c.priority_exponent = 1.0  # alpha; 0 = uniform; sweepable
+    c.priority_exponent = 0.0  # alpha; 0 = uniform (the paper: 1); sweepable
     c.importance_exponent = 1.0  # beta at the start; sweepable
     c.importance_anneal_updates = 0  # updates over which beta rises linearly to 1; 0: fixed
-    c.rollout_length = 20  # T of the trajectories it receives; experiments tie it to the runner's
+    c.rollout_length = 16  # T of the trajectories it receives (Anakin's default); experiments
+    # tie it to the runner's: config.agent.rollout_length = config.get_ref("rollout_length")
     # Store stacked image observations ([H, W, C] uint8) as one frame per step, rebuilding
     # stacks when sampled: C times less replay memory. "auto": on for rank-3 uint8.
     c.store_frames_once = "auto"

@@ -49,6 +49,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.batch_size = 256
     config.agent.updates_per_step = 400  # one update per agent step, as in the paper
     config.agent.learning_rate = 1e-3
+    config.agent.value_cost = 0.25  # the paper's
     config.agent.priority_exponent = 0.6
     config.agent.importance_exponent = 0.4
     config.agent.importance_anneal_updates = 100_000

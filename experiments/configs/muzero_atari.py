@@ -31,6 +31,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.replay_capacity = 81920  # positions, one 84x84 uint8 frame each
     config.agent.min_replay_items = 5120  # positions
     config.agent.learning_rate = 1e-3
+    config.agent.value_cost = 0.25  # the paper's
+    config.agent.priority_exponent = 1.0  # the paper's alpha
     config.agent.reanalyse_fraction = 0.0
     config.rollout_length = 20
     config.agent.rollout_length = config.get_ref("rollout_length")
