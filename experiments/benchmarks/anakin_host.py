@@ -42,6 +42,9 @@ _CHUNKS = flags.DEFINE_integer("chunks", 12, "Chunks per timed run (at least 2: 
                                "throughput is measured between the first and the last).",
                                lower_bound=2)
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved rounds of every variant.")
+# The workload of the figures in docs/benchmarks.md (Anakin's default batch was 256 x 20 then).
+_NUM_ENVS = flags.DEFINE_integer("num_envs", 256, "Environments (overrides the config's).")
+_ROLLOUT_LENGTH = flags.DEFINE_integer("rollout_length", 20, "T (overrides the config's).")
 _VARIANTS = flags.DEFINE_list("variants", ["off", "ckpt", "all", "shipped"],
                               "Variants to run; the first is the baseline.")
 
@@ -76,6 +79,7 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax's INFO lines, one per save
     config = _CONFIG.value
+    config.num_envs, config.rollout_length = _NUM_ENVS.value, _ROLLOUT_LENGTH.value
     device = jax.devices()[0]
     print(f"# Anakin host-work benchmark: {config.agent.name} on {config.env.name}, "
           f"{config.num_envs} envs, T={config.rollout_length}, {config.updates_per_chunk} "
