@@ -32,6 +32,7 @@ def small_config(**changes):
     config.td_steps = 3
     config.rollout_length = 4
     config.batch_size = 8
+    config.updates_per_step = 1
     config.replay_capacity = 32
     config.min_replay_items = 1
     config.reanalyse_fraction = 0.5
