@@ -14,6 +14,7 @@ def small_config(num_devices: int, **overrides):
     config = vtrace_catch.get_config()
     config.num_devices = num_devices
     config.num_envs = 64
+    config.rollout_length = 20
     config.updates_per_chunk = 50
     config.total_env_steps = 320_000  # 5 chunks of 64 envs x T=20 x 50 updates
     for key, value in overrides.items():

@@ -20,6 +20,7 @@ def test_command_line_run_writes_metrics_and_prints_progress(tmp_path):
         "--config=experiments/configs/vtrace_catch.py",
         "--config.seed=3",
         "--config.num_envs=32",
+        "--config.rollout_length=20",
         "--config.total_env_steps=64000",
         f"--workdir={tmp_path}",
         env_extra={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},

@@ -32,7 +32,7 @@ from podracer.metrics import read_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CATCH = ["--config=experiments/configs/vtrace_catch.py", "--config.num_envs=64",
-         "--config.updates_per_chunk=50", "--config.checkpoint_every_updates=0",
+         "--config.rollout_length=20", "--config.updates_per_chunk=50", "--config.checkpoint_every_updates=0",
          "--config.eval_every_updates=0"]
 STEPS = 320_000  # 5 chunks of 64 envs x T=20 x 50 updates: enough to learn Catch
 HEARTBEAT_S = 5  # the tests' detection time; runs default to 20 s
@@ -105,6 +105,7 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path):
 
     config = vtrace_catch.get_config()
     config.num_devices, config.num_envs, config.updates_per_chunk = 4, 64, 10
+    config.rollout_length = 20
     config.total_env_steps, config.checkpoint_every_updates = 25_600, 0
     config.eval_every_updates = 0
     one = flat_arrays(jax.device_get(anakin.train(config).state.learner_state.params))

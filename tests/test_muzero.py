@@ -102,6 +102,7 @@ def test_learner_step_inserts_the_trajectory_and_waits_for_enough_data(reanalyse
     config.unroll_steps, config.td_steps, config.hidden_sizes, config.latent_size = 1, 2, (16,), 16
     config.rollout_length, config.replay_capacity, config.min_replay_items = 3, 24, 8
     config.batch_size, config.num_simulations = 4, 2
+    config.updates_per_step = 1
     agent = agents.make(config, SPEC)
     state = agent.init(jax.random.PRNGKey(0), SPEC)
     trajectory = _mid_episode_trajectory(t=3, b=4)
@@ -235,6 +236,7 @@ def test_image_replay_stores_each_frame_once_and_learns_from_rebuilt_stacks():
     config = muzero.default_config()
     config.rollout_length, config.replay_capacity, config.min_replay_items = 4, 8, 3
     config.batch_size, config.num_simulations, config.channels = 2, 2, 8
+    config.updates_per_step = 1
     config.num_blocks, config.hidden_sizes, config.unroll_steps, config.td_steps = 1, (16,), 1, 2
     agent = agents.make(config, spec)
     state = agent.init(jax.random.PRNGKey(0), spec)

@@ -191,6 +191,7 @@ if __name__ == "__main__":
     config = vtrace_catch.get_config()
     config.agent = default_config()
     config.num_envs, config.updates_per_chunk, config.total_env_steps = 64, 20, 2 * 64 * 20 * 20
+    config.rollout_length = 20
     result = anakin.train(config, sys.argv[1])
     print(f"process {jax.process_index()} of {jax.process_count()}: {jax.device_count()} "
           f"devices, {result.final_metrics['updates']} updates")
