@@ -20,6 +20,7 @@ import chex
 import jax.numpy as jnp
 
 from agents.actor_critic import LearnerState
+from podracer.config import ConfigError
 from podracer.types import Array, Params
 
 MIN_SCALE = 1e-4  # sigma's clip (Hessel et al., 2019)
@@ -73,3 +74,15 @@ def preserve(params: Params, old: PopArtStats, new: PopArtStats, *, head: str = 
     layer = {**layer, "kernel": layer["kernel"] * sigma / new_sigma,
              "bias": (sigma * layer["bias"] + old.mean - new.mean) / new_sigma}
     return {**params, "params": {**params["params"], head: layer}}
+
+
+def check_config(config) -> None:
+    """Raises `ConfigError` naming the field unless `config.popart` is a bool and
+    `config.popart_step_size` lies in (0, 1] (the agent config's fields of those names)."""
+    if not isinstance(config.popart, bool):
+        raise ConfigError("agent.popart", f"must be True or False, got {config.popart!r}",
+                          "set --config.agent.popart=True")
+    if not 0.0 < config.popart_step_size <= 1.0:
+        raise ConfigError("agent.popart_step_size",
+                          f"must lie in (0, 1], got {config.popart_step_size}",
+                          "set --config.agent.popart_step_size=1e-3")

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from agents import popart
 from agents.actor_critic import LearnerState, init_learner_state
 from agents.hparams import replace_hparams
 from agents.popart import PopArtLearnerState, PopArtStats
@@ -129,13 +130,7 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
         if not isinstance(config[field], int) or config[field] < 1:
             raise ConfigError(f"agent.{field}", f"must be a whole number >= 1, got "
                               f"{config[field]!r}", f"set --config.agent.{field}=4")
-    if not isinstance(config.popart, bool):
-        raise ConfigError("agent.popart", f"must be True or False, got {config.popart!r}",
-                          "set --config.agent.popart=True")
-    if not 0.0 < config.popart_step_size <= 1.0:
-        raise ConfigError("agent.popart_step_size",
-                          f"must lie in (0, 1], got {config.popart_step_size}",
-                          "set --config.agent.popart_step_size=1e-3")
+    popart.check_config(config)
     if config.anneal_lr_updates < 0:
         raise ConfigError("agent.anneal_lr_updates", f"must be >= 0, got "
                           f"{config.anneal_lr_updates}", "use 0 for a constant step size")

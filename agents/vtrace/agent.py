@@ -9,6 +9,7 @@ import functools
 import ml_collections
 import optax
 
+from agents import popart
 from agents.actor_critic import LearnerState, init_learner_state
 from agents.hparams import replace_hparams
 from agents.vtrace import learning
@@ -82,13 +83,7 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("agent.advantage_normalization",
                           f"unknown value {config.advantage_normalization!r}",
                           f"use one of {list(learning.ADVANTAGE_NORMALIZATIONS)}")
-    if not isinstance(config.popart, bool):
-        raise ConfigError("agent.popart", f"must be True or False, got {config.popart!r}",
-                          "set --config.agent.popart=True")
-    if not 0.0 < config.popart_step_size <= 1.0:
-        raise ConfigError("agent.popart_step_size",
-                          f"must lie in (0, 1], got {config.popart_step_size}",
-                          "set --config.agent.popart_step_size=3e-4")
+    popart.check_config(config)
     if not config.reward_scale > 0.0:
         raise ConfigError("agent.reward_scale", f"must be > 0, got {config.reward_scale}",
                           "set --config.agent.reward_scale=1.0")
