@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from agents.actor_critic import LearnerState
+from agents.popart import PopArtLearnerState, PopArtStats
 from agents.vtrace import default_config, learning, make_agent, make_network, vtrace_loss
 from podracer.config import ConfigError
 from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, StepType, TimeStep, Trajectory
@@ -129,7 +130,7 @@ def test_learner_step_on_two_devices_equals_one_step_on_the_whole_batch(popart):
     learn = learning.LearnConfig(advantage_normalization="batch", popart=popart,
                                  popart_step_size=0.1)
     if popart:
-        state = learning.PopArtLearnerState(**dict(state.items()), popart=learning.PopArtStats(
+        state = PopArtLearnerState(**dict(state.items()), popart=PopArtStats(
             mean=jnp.asarray(1.0), second_moment=jnp.asarray(5.0)))
     step = functools.partial(learning.learner_step, network, optax.sgd(0.1), learn=learn)
     whole, whole_metrics = jax.jit(lambda s, tr: step(s, tr, None, axis_name=None))(
@@ -146,9 +147,9 @@ def test_learner_step_on_two_devices_equals_one_step_on_the_whole_batch(popart):
 
 def test_popart_statistics_move_towards_the_target_moments_by_hand():
     network, trajectory, state = _trajectory_and_state(4, seed=1)
-    old = learning.PopArtStats(mean=jnp.asarray(2.0), second_moment=jnp.asarray(13.0))  # sigma 3
+    old = PopArtStats(mean=jnp.asarray(2.0), second_moment=jnp.asarray(13.0))  # sigma 3
     learn = learning.LearnConfig(popart=True, popart_step_size=0.25)
-    state = learning.PopArtLearnerState(**dict(state.items()), popart=old)
+    state = PopArtLearnerState(**dict(state.items()), popart=old)
     new_state, metrics = jax.jit(lambda s: learning.learner_step(
         network, optax.sgd(0.0), s, trajectory, None, axis_name=None, learn=learn))(state)
     # The targets by hand, from the unnormalised values 3 n(x) + 2 of the unchanged params.
@@ -178,8 +179,8 @@ def test_popart_preserves_the_unnormalised_outputs():
     params = network.init(jax.random.PRNGKey(3), jnp.zeros((1, 5)))
     x = jax.random.normal(jax.random.PRNGKey(4), (16, 5))
     learn = learning.LearnConfig(popart=True)
-    old = learning.PopArtStats(mean=jnp.asarray(-40.0), second_moment=jnp.asarray(1700.0))
-    new = learning.PopArtStats(mean=jnp.asarray(-55.0), second_moment=jnp.asarray(3100.0))
+    old = PopArtStats(mean=jnp.asarray(-40.0), second_moment=jnp.asarray(1700.0))
+    new = PopArtStats(mean=jnp.asarray(-55.0), second_moment=jnp.asarray(3100.0))
     logits, n_old = network.apply(params, x)
     new_params = learning.popart_preserve(params, old, new, learn)
     new_logits, n_new = network.apply(new_params, x)
@@ -236,5 +237,5 @@ def test_popart_statistics_are_part_of_the_learner_state():
     config.popart = True
     spec = EnvSpec(observation=ArraySpec((3,), np.float32), action=DiscreteSpec(A))
     state = make_agent(config, spec).init(jax.random.PRNGKey(0), spec)
-    assert isinstance(state, learning.PopArtLearnerState)
+    assert isinstance(state, PopArtLearnerState)
     assert float(state.popart.mean) == 0.0 and float(state.popart.second_moment) == 1.0

@@ -100,8 +100,8 @@ def _init(network, optimizer, loss_hparams, learn: learning.LearnConfig, key,
           spec: EnvSpec) -> LearnerState:
     state = init_learner_state(network, optimizer, loss_hparams, key, spec)
     if learn.popart:
-        return learning.PopArtLearnerState(**dict(state.items()),
-                                           popart=learning.PopArtStats.init())
+        return popart.PopArtLearnerState(**dict(state.items()),
+                                         popart=popart.PopArtStats.init())
     return state
 
 

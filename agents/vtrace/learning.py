@@ -19,7 +19,7 @@ import optax
 
 from agents import popart
 from agents.actor_critic import LearnerState
-from agents.popart import PopArtLearnerState, PopArtStats  # noqa: F401  (re-exported)
+from agents.popart import PopArtStats
 from agents.popart import update as popart_update
 from agents.vtrace.losses import LossOutput, vtrace_loss
 from podracer.types import Array, Extras, Metrics, Params, PRNGKey, TimeStep, Trajectory
