@@ -11,6 +11,22 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# XLA's persistent compilation cache, one fresh directory per test process (each pytest-xdist
+# worker), inherited by the experiments that tests start as subprocesses and removed at exit.
+# Many tests compile programs another test (or the run before a resume) compiled already;
+# loading the executable instead of compiling it again returns the same compiled program.
+# Set JAX_COMPILATION_CACHE_DIR yourself to choose the directory (it is then kept), or to ""
+# to compile everything afresh.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _CACHE = tempfile.mkdtemp(prefix="podracer-tests-xla-cache-")
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
 import subprocess
 import sys
 import time

@@ -85,19 +85,39 @@ def test_requires_python_admits_exactly_the_verified_versions():
     assert not admitted.contains("3.14.0") and not admitted.contains("3.10.0")
 
 
+@pytest.fixture(scope="module")
+def resolutions(tmp_path_factory):
+    """One pip dry-run per target Python, all started at once (each mostly waits on the
+    index): {version: (finished process, report path)}."""
+    started = {}
+    for python_version in TARGETS:
+        tmp_path = tmp_path_factory.mktemp(f"py{python_version}")
+        report = tmp_path / "report.json"
+        command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+                   "--only-binary=:all:", "--python-version", python_version,
+                   "--target", str(tmp_path / "target"), "--report", str(report),
+                   "--disable-pip-version-check", "--no-input", "--retries", "2",
+                   "--timeout", "60", *_requirements(python_version)]
+        started[python_version] = (subprocess.Popen(command, stdout=subprocess.PIPE,
+                                                    stderr=subprocess.STDOUT, text=True),
+                                   report)
+    finished = {}
+    for python_version, (proc, report) in started.items():
+        try:
+            output, _ = proc.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        finished[python_version] = (proc.returncode, output, report)
+    return finished
+
+
 @pytest.mark.parametrize("python_version", TARGETS)
-def test_pinned_dependencies_have_wheels_for(python_version, tmp_path):
-    report = tmp_path / "report.json"
-    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-               "--only-binary=:all:", "--python-version", python_version,
-               "--target", str(tmp_path / "target"), "--report", str(report),
-               "--disable-pip-version-check", "--no-input", "--retries", "2", "--timeout", "60",
-               *_requirements(python_version)]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
+def test_pinned_dependencies_have_wheels_for(python_version, resolutions):
+    returncode, output, report = resolutions[python_version]
     # pip warns once per package about configured indexes it skips; keep the rest.
-    output = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines()
-                       if "is ignored" not in line)
-    if proc.returncode != 0:
+    output = "\n".join(line for line in output.splitlines() if "is ignored" not in line)
+    if returncode != 0:
         if any(marker in output for marker in NETWORK_ERRORS):
             pytest.fail(f"pip could not reach a package index, which this test needs (it "
                         f"resolves the pins for Python {python_version}):\n{output[-3000:]}")
