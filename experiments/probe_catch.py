@@ -18,13 +18,13 @@ For each agent it prints:
                   for the 75 last-step transitions, r = +1 caught, -1 missed;
   search entropy  mean entropy (nats) of the acting search's visit distribution over the
                   225 states (log 3 = 1.10 is uniform);
-  with --budgets also
-  value error by distance   the value error over the states with the ball 1-3 rows above
-                  the paddle's row ("near") and 7-9 rows ("far"): how far back the value of
-                  the last reward has reached;
   greedy optimal  the share of the catchable states where some action loses the ball
                   (the decisive ones) in which the greedy search's action (no noise, most
                   visits) keeps it catchable;
+  with --budgets also
+  near, far       the value error over the states with the ball 1-3 rows above the
+                  paddle's row ("near") and 7-9 rows ("far"): how far back the value of
+                  the last reward has reached;
   and for EfficientZero the consistency probes of `agents.efficientzero.probes`.
 """
 
@@ -89,40 +89,13 @@ def probe(name: str, config) -> str:
     config.seed = _SEED.value
     config.total_env_steps = _STEPS.value
     result = anakin.train(config)
-    spec = envs_jax.make("catch").spec()
-    a = config.agent.copy_and_resolve_references()
-    network = (ez.make_ez_network if a.name == "efficientzero" else muzero.make_network)(a, spec)
-    params = result.params
-    states, v_star, last, last_actions, last_rewards, transitions = catch_enumeration(a.discount)
-    latent = network.apply(params, states, method="represent")
-    _, value_logits = network.apply(params, latent, method="predict")
-    value = np.asarray(muzero.value_to_scalar(value_logits, a.support_size))
-    last_latent = network.apply(params, last, method="represent")
-    reward_logits, next_latent = network.apply(params, last_latent, last_actions,
-                                               method="dynamics")
-    if a.name == "efficientzero" and a.value_prefix:
-        reward_logits, _ = network.apply(params, next_latent,
-                                         ez.initial_carry(len(last), a.lstm_size),
-                                         method="prefix")
-    reward = np.asarray(muzero.value_to_scalar(reward_logits, a.support_size))
-    if a.name == "efficientzero":
-        out = ez.run_search(network, params, states, jax.random.key(0),
-                            muzero.search_config(a), value_prefix=a.value_prefix,
-                            value_prefix_horizon=a.value_prefix_horizon,
-                            lstm_size=a.lstm_size, evaluation=False)
-    else:
-        out = muzero.run_search(network, params, states, jax.random.key(0),
-                                muzero.search_config(a), evaluation=False)
-    weights = np.asarray(out.action_weights)
-    entropy = -np.sum(weights * np.log(np.maximum(weights, 1e-12)), axis=-1).mean()
+    m = probe_params(config, result.params)
     line = (f"{name:<14} return {result.final_metrics['episode_return']:.3f}  value error "
-            f"{np.abs(value - v_star).mean():.3f}  reward error "
-            f"{np.abs(reward - last_rewards).mean():.3f}  search entropy {entropy:.3f}")
-    if a.name == "efficientzero":
-        similarity = float(probes.projection_similarity(network, params, states))
-        true_next, unrelated = map(float, probes.prediction_alignment(network, params,
-                                                                      *transitions))
-        line += (f"  projection cosine {similarity:.3f}  prediction vs true next "
+            f"{m['value error']:.3f}  reward error {m['reward error']:.3f}  search entropy "
+            f"{m['search entropy']:.3f}  greedy optimal {m['greedy optimal']:.3f}")
+    if "projection cosine" in m:
+        true_next, unrelated = m["prediction true/unrelated"]
+        line += (f"  projection cosine {m['projection cosine']:.3f}  prediction vs true next "
                  f"{true_next:.3f}, vs unrelated {unrelated:.3f}")
     return line
 
