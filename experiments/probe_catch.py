@@ -31,6 +31,7 @@ For each agent it prints:
 from __future__ import annotations
 
 import ast
+import tempfile
 
 import jax
 import numpy as np
@@ -136,8 +137,7 @@ def probe_params(config, params) -> dict[str, float]:
     out = {"value error": error.mean(), "near": error[rows_left <= 3].mean(),
            "far": error[rows_left >= 7].mean(),
            "reward error": np.abs(reward - last_rewards).mean()}
-    catchable, good = optimal_actions(states)
-    for evaluation in (False, True):
+    def visits(evaluation: bool) -> np.ndarray:
         if is_ez:
             search = ez.run_search(network, params, states, jax.random.key(0),
                                    muzero.search_config(a), value_prefix=a.value_prefix,
@@ -146,14 +146,14 @@ def probe_params(config, params) -> dict[str, float]:
         else:
             search = muzero.run_search(network, params, states, jax.random.key(0),
                                        muzero.search_config(a), evaluation=evaluation)
-        weights = np.asarray(search.action_weights)
-        if evaluation:
-            greedy = weights.argmax(-1)
-            decisive = catchable & ~good.all(-1)
-            out["greedy optimal"] = good[np.arange(len(states)), greedy][decisive].mean()
-        else:
-            out["search entropy"] = -np.sum(
-                weights * np.log(np.maximum(weights, 1e-12)), axis=-1).mean()
+        return np.asarray(search.action_weights)
+
+    weights = visits(evaluation=False)
+    out["search entropy"] = -np.sum(weights * np.log(np.maximum(weights, 1e-12)), -1).mean()
+    catchable, good = optimal_actions(states)
+    decisive = catchable & ~good.all(-1)
+    greedy = visits(evaluation=True).argmax(-1)
+    out["greedy optimal"] = good[np.arange(len(states)), greedy][decisive].mean()
     if is_ez:
         out["projection cosine"] = float(probes.projection_similarity(network, params, states))
         out["prediction true/unrelated"] = tuple(
@@ -163,14 +163,12 @@ def probe_params(config, params) -> dict[str, float]:
 
 def probe_budgets(name: str, config, seeds: list[int], budgets: list[int]) -> list[str]:
     """Trains `seeds` as one sweep, stopping at each budget to probe every run."""
-    import tempfile
-
     lines = []
     config.sweep.seeds = tuple(seeds)
+    config.checkpoint_every_updates = 10**9  # the final checkpoint only
     with tempfile.TemporaryDirectory() as workdir:
         for budget in budgets:
             config.total_env_steps = budget
-            config.checkpoint_every_updates = 10**9  # the final checkpoint only
             result = anakin.train(config, workdir)
             returns = [h[-1]["episode_return"] for h in result.run_histories]
             rows = [probe_params(config, jax.tree.map(lambda x, r=r: x[r], result.params))

@@ -88,7 +88,7 @@ def test_requires_python_admits_exactly_the_verified_versions():
 @pytest.fixture(scope="module")
 def resolutions(tmp_path_factory):
     """One pip dry-run per target Python, all started at once (each mostly waits on the
-    index): {version: (finished process, report path)}."""
+    index): {version: (pip's exit status, its output, the report's path)}."""
     started = {}
     for python_version in TARGETS:
         tmp_path = tmp_path_factory.mktemp(f"py{python_version}")
