@@ -6,10 +6,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import assert_trees_equal
 
+import agents
 from agents.vtrace import networks
 from agents.vtrace.networks import ResNetTorso
+from podracer.config import ConfigError
+from podracer.types import ArraySpec, DiscreteSpec, EnvSpec
 
 
 def test_resnet_torso_matches_one_built_on_flax_layers(monkeypatch):
@@ -32,3 +36,39 @@ def test_resnet_torso_matches_one_built_on_flax_layers(monkeypatch):
     # products per element in another order than XLA's: float32 rounding of such a sum stays
     # far below 1e-5 of the leaf's largest entry (measured ≈1e-7).
     assert_trees_equal(got, expected, float_rtol=1e-5)
+
+
+def test_the_conv_torsos_smallest_image_is_36_pixels_by_hand():
+    # By hand for 8x8/4, 4x4/2, 3x3/1 VALID: the last layer needs 3 inputs, the second
+    # (3 - 1) * 2 + 4 = 8, the first (8 - 1) * 4 + 8 = 36: Atari's 84 x 84 frames fit, MinAtar's
+    # 10 x 10 boards do not.
+    assert networks.conv_min_size() == 36
+    torso = networks.ConvTorso(channels=(2, 2, 2), hidden_size=4)
+    x = jnp.zeros((1, 36, 36, 1))
+    assert torso.apply(torso.init(jax.random.PRNGKey(0), x), x).shape == (1, 4)
+    with pytest.raises(ZeroDivisionError):  # flax cannot initialise a layer on 0 features
+        torso.init(jax.random.PRNGKey(0), jnp.zeros((1, 35, 35, 1)))
+
+
+MINATAR_SPEC = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(3))
+ATARI_SPEC = EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8), action=DiscreteSpec(6))
+
+
+@pytest.mark.parametrize("agent", ["vtrace", "ppo"])
+def test_the_default_torso_fits_small_boards_and_atari_frames(agent):
+    # A shipped actor-critic agent's default config on MinAtar's observations: "auto" used to
+    # pick the Atari conv torso and crash initialising it on 10 x 10 boards.
+    assert networks.resolve_torso("auto", MINATAR_SPEC) == "mlp"
+    assert networks.resolve_torso("auto", ATARI_SPEC) == "conv"
+    config = agents.default_config(agent)
+    learner = agents.make(config, MINATAR_SPEC).init(jax.random.PRNGKey(0), MINATAR_SPEC)
+    assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(learner.params))
+
+
+@pytest.mark.parametrize("agent", ["vtrace", "ppo"])
+def test_asking_for_the_conv_torso_on_small_boards_names_the_field(agent):
+    config = agents.default_config(agent)
+    config.torso = "conv"
+    with pytest.raises(ConfigError, match=r"config\.agent\.torso: 'conv' needs images of at "
+                                          r"least 36 x 36 x C.*Fix: use 'mlp' or 'resnet'"):
+        agents.make(config, MINATAR_SPEC)

@@ -2,8 +2,8 @@
 
 Torsos: `"mlp"` gives the policy and the value separate MLPs (tanh or ReLU, orthogonal
 initialisation, as is usual for PPO on vector observations); `"conv"` and `"resnet"` share one
-of V-trace's image torsos (`agents.vtrace.networks`) between both heads; `"auto"` is `"conv"`
-for observations of rank 3 and `"mlp"` otherwise.
+of V-trace's image torsos (`agents.vtrace.networks`) between both heads; `"auto"` is V-trace's
+rule: `"conv"` for images at least as large as its receptive field, `"mlp"` otherwise.
 
 Heads: a discrete action space gets logits; a continuous one (`ArraySpec` actions of shape
 [D]) a diagonal Gaussian with a state-independent, learnt log standard deviation. The
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from agents.vtrace.networks import ConvTorso, ResNetTorso
+from agents.vtrace.networks import ConvTorso, ResNetTorso, resolve_torso
 from podracer.types import Array, DiscreteSpec, EnvSpec
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
@@ -81,9 +81,7 @@ def is_continuous(env_spec: EnvSpec) -> bool:
 
 
 def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> PPONetwork:
-    torso = config.torso
-    if torso == "auto":
-        torso = "conv" if len(env_spec.observation.shape) == 3 else "mlp"
+    torso = resolve_torso(config.torso, env_spec)
     if torso not in TORSOS[1:]:
         raise ValueError(f"agent.torso={config.torso!r}: use one of {TORSOS}.")
     continuous = is_continuous(env_spec)

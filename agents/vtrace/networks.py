@@ -2,8 +2,9 @@
 
 `make_network(config, env_spec)` picks the torso: `"mlp"` flattens vector or small board
 observations; `"conv"` is the small Atari convolutional torso (DQN-style);
-`"resnet"` is the IMPALA deep residual torso; `"auto"` is `"conv"` for observations of rank 3
-and `"mlp"` otherwise. Image observations stored as uint8 are scaled to [0, 1] here, so
+`"resnet"` is the IMPALA deep residual torso; `"auto"` is `"conv"` for images (observations of
+rank 3) at least as large as the conv torso's receptive field (36 x 36: Atari's 84 x 84 frames)
+and `"mlp"` otherwise, so small boards such as MinAtar's 10 x 10 are read flattened. Image observations stored as uint8 are scaled to [0, 1] here, so
 buffers and device transfers keep their native dtype. Convolutions and max-pooling are
 `agents.layers`' (flax's, with gradients XLA:CPU computes faster).
 """
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from agents.layers import Conv, max_pool_3x3_stride_2
+from podracer.config import ConfigError
 from podracer.types import Array, EnvSpec
 
 
@@ -101,10 +103,32 @@ class ActorCritic(nn.Module):
 TORSOS = ("auto", "mlp", "conv", "resnet")
 
 
+def conv_min_size(torso: ConvTorso | None = None) -> int:
+    """The smallest image side the conv torso maps to at least one feature (36 by default)."""
+    torso = torso or ConvTorso()
+    size = 1
+    for k, s in reversed(list(zip(torso.kernels, torso.strides))):
+        size = (size - 1) * s + k  # the smallest VALID input giving `size` outputs
+    return size
+
+
+def resolve_torso(name: str, env_spec: EnvSpec) -> str:
+    """`agent.torso` with "auto" resolved for `env_spec`'s observations (module docstring).
+    Raises a `ConfigError` for "conv" on images smaller than its receptive field."""
+    shape = tuple(env_spec.observation.shape)
+    is_image = len(shape) == 3
+    large = is_image and min(shape[:2]) >= conv_min_size()
+    if name == "auto":
+        return "conv" if large else "mlp"
+    if name == "conv" and not large:
+        raise ConfigError("agent.torso", f"'conv' needs images of at least {conv_min_size()} x "
+                          f"{conv_min_size()} x C, the observations are {shape}",
+                          "use 'mlp' or 'resnet', or 'auto' to choose")
+    return name
+
+
 def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> ActorCritic:
-    torso_name = config.torso
-    if torso_name == "auto":
-        torso_name = "conv" if len(env_spec.observation.shape) == 3 else "mlp"
+    torso_name = resolve_torso(config.torso, env_spec)
     if torso_name == "mlp":
         torso = MLPTorso(tuple(config.hidden_sizes))
     elif torso_name == "conv":
