@@ -289,14 +289,21 @@ class _HostLoop:
                 # PIPELINE: chunk i + 1 is dispatched before chunk i's metrics are fetched, so
                 # the devices never wait for the host's logging, evaluation fetch or checkpoint
                 # hand-off. A checkpoint is written only after its chunk's metrics proved finite.
+                # What is due on chunk i + 1's result (evaluation, checkpoint copy) is
+                # dispatched after chunk i's record, before chunk i + 2 donates the state:
+                # dispatching it can wait for chunk i + 1 (XLA:CPU does), and that wait
+                # belongs to chunk i + 1's record, not to chunk i's.
                 pending = None
                 if start.chunks < plan.num_chunks:
                     state, pending = self._dispatch(start.chunks, state)
+                    pending = self._dispatch_due(pending, state)
                 while pending is not None:
                     following = None
                     if pending.chunk + 1 < plan.num_chunks:
                         state, following = self._dispatch(pending.chunk + 1, state)
                     saved = self._finish(pending, progress) or saved
+                    if following is not None:
+                        following = self._dispatch_due(following, state)
                     # Polled after the save: in a multi-process run the poll is a collective,
                     # which waits for the chunk in flight; the save's hand-off overlaps it.
                     if preemption.requested():
@@ -313,19 +320,22 @@ class _HostLoop:
                                eval_seconds=self.eval_seconds)
 
     def _dispatch(self, i: int, state: RunnerState) -> tuple[RunnerState, _InFlight]:
-        """Dispatches chunk i, and what is due on its result before chunk i + 1 donates it:
-        the evaluation and a copy for the checkpoint (none of it waited for here)."""
-        plan = self.plan
+        """Dispatches chunk i (not waited for here)."""
         state, metrics = self.chunk_fn(state)
+        return state, _InFlight(chunk=i, metrics=metrics, eval_out=None, snapshot=None)
+
+    def _dispatch_due(self, job: _InFlight, state: RunnerState) -> _InFlight:
+        """`job` with what is due on its chunk's result `state`, dispatched before the next
+        chunk donates it: the evaluation and a copy for the checkpoint."""
+        plan, i = self.plan, job.chunk
         updates = (i + 1) * plan.updates_per_chunk
-        eval_out = snap = None
         if _crossed(updates, plan.updates_per_chunk, plan.eval_every):
-            eval_out = self._dispatch_eval(state, updates)
+            job = dataclasses.replace(job, eval_out=self._dispatch_eval(state, updates))
         if self.checkpointer is not None and (
                 i + 1 == plan.num_chunks
                 or _crossed(updates, plan.updates_per_chunk, plan.checkpoint_every)):
-            snap = snapshot(state)
-        return state, _InFlight(chunk=i, metrics=metrics, eval_out=eval_out, snapshot=snap)
+            job = dataclasses.replace(job, snapshot=snapshot(state))
+        return job
 
     def _dispatch_eval(self, state: RunnerState, updates: int) -> Any:
         """Dispatches the greedy evaluation of `state`'s parameters (fetched with its chunk).
