@@ -76,13 +76,51 @@ def test_actor_step_searches_and_returns_a_policy(search):
     state = agent.init(jax.random.PRNGKey(0), SPEC)
     timestep = TimeStep(step_type=jnp.zeros(5, jnp.int32), reward=jnp.zeros(5),
                         discount=jnp.ones(5), observation=jnp.zeros((5, 10, 5)))
-    action, _, extras = agent.actor_step(state.params, (), timestep, jax.random.PRNGKey(1))
+    params = agent.actor_params(state)
+    action, _, extras = agent.actor_step(params, (), timestep, jax.random.PRNGKey(1))
     assert action.shape == (5,) and action.dtype == jnp.int32
     assert extras["policy"].shape == (5, 3) and set(extras) == {"policy"}
     np.testing.assert_allclose(extras["policy"].sum(-1), 1.0, rtol=1e-5)
-    greedy, _, extras = agent.actor_step(state.params, (), timestep, jax.random.PRNGKey(1),
+    greedy, _, extras = agent.actor_step(params, (), timestep, jax.random.PRNGKey(1),
                                          evaluation=True)
     np.testing.assert_array_equal(greedy, jnp.argmax(extras["policy"], -1))
+
+
+def test_acting_temperature_follows_the_muzero_papers_schedule():
+    # The MuZero paper acts at 1, 0.5 after 500K and 0.25 after 750K of its 1M training steps:
+    # here `temperature` before half of `temperature_decay_updates`, 0.5 before three
+    # quarters, then 0.25; 0 keeps `temperature` throughout.
+    for updates, expected in [(0, 0.8), (499, 0.8), (500, 0.5), (749, 0.5), (750, 0.25),
+                              (10**6, 0.25)]:
+        got = muzero.temperature_at(jnp.asarray(updates), decay_updates=1000, temperature=0.8)
+        assert float(got) == pytest.approx(expected), updates
+    assert float(muzero.temperature_at(jnp.asarray(10**6), decay_updates=0,
+                                       temperature=0.8)) == pytest.approx(0.8)
+    # The actors sample with the temperature in force: an action is drawn in proportion to
+    # the root's visit fractions w to the power 1/T (mctx), so the share of actions that
+    # are a most visited one is mean(sum_top w^(1/T) / sum w^(1/T)), from the searches' own w.
+    config = muzero.default_config()
+    config.num_simulations, config.replay_capacity, config.rollout_length = 4, 8, 3
+    config.temperature_decay_updates = 1000
+    agent = agents.make(config, SPEC)
+    state = agent.init(jax.random.PRNGKey(0), SPEC)
+    b = 4096
+    timestep = TimeStep(step_type=jnp.ones(b, jnp.int32), reward=jnp.zeros(b),
+                        discount=jnp.ones(b), observation=jnp.zeros((b, 10, 5)))
+    act = jax.jit(agent.actor_step)
+    shares = []
+    for updates, temperature in [(0, 1.0), (800, 0.25)]:
+        params = agent.actor_params(state.replace(updates=jnp.asarray(updates)))
+        assert float(params["temperature"]) == temperature
+        action, _, extras = act(params, (), timestep, jax.random.PRNGKey(updates + 1))
+        w = np.asarray(extras["policy"], np.float64)
+        top = w >= w.max(-1, keepdims=True) - 1e-6
+        powered = w ** (1 / temperature)
+        expected = np.mean(np.where(top, powered, 0).sum(-1) / powered.sum(-1))
+        got = np.mean(top[np.arange(b), np.asarray(action)])
+        assert abs(got - expected) < 0.03, (temperature, got, expected)  # 4 sigma: 0.0078
+        shares.append(expected)
+    assert shares[1] - shares[0] > 0.15, shares  # the two temperatures are told apart
 
 
 def _mid_episode_trajectory(t, b):

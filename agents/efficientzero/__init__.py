@@ -16,7 +16,6 @@ from agents.efficientzero.agent import (
     make_agent,
     make_optimizer,
     set_hparams,
-    temperature_at,
     validate,
 )
 from agents.efficientzero.learning import (
@@ -42,6 +41,7 @@ from agents.efficientzero.networks import (
     reset_carry,
 )
 from agents.efficientzero.search import make_recurrent_fn, root_output, run_search
+from agents.muzero.agent import temperature_at  # the schedule EfficientZero's reference uses
 
 __all__ = [
     "LOSS_HPARAMS",

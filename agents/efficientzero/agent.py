@@ -79,9 +79,8 @@ def default_config() -> ml_collections.ConfigDict:
     # "whole": 1/K on the whole loss, every term keeping its weight (the reference);
     # "per_step": 1/K on the predictions past step 0 only (MuZero appendix G's reading).
     c.unroll_gradient_scale = "whole"
-    # Acting temperature of the visit counts (PUCT search), the reference's schedule: 1.0
-    # for the first half of `temperature_decay_updates` learner updates, 0.5 to three
-    # quarters, then 0.25 (the reference trains 100K updates). 0: `temperature` throughout.
+    # MuZero's acting schedule (`temperature_decay_updates`) over the reference's 100K
+    # learner updates: 1.0 to half, 0.5 to three quarters, then 0.25.
     c.temperature_decay_updates = 100_000
     # Search: the reference's tree-wide min-max of Q and parent-mean Q for unvisited children.
     c.q_transform = "tree_min_max"
@@ -100,7 +99,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 # MuZero fields whose EfficientZero value is the reference's own choice, kept by
 # `from_muzero` instead of the MuZero config's (each documented in docs/efficientzero.md).
-OWN_SETTINGS = ("name", "q_transform", "unvisited_q")
+OWN_SETTINGS = ("name", "q_transform", "unvisited_q", "temperature_decay_updates")
 
 
 def from_muzero(muzero_config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -114,18 +113,6 @@ def from_muzero(muzero_config: ml_collections.ConfigDict) -> ml_collections.Conf
         if field not in OWN_SETTINGS:
             config[field] = value
     return config
-
-
-def temperature_at(updates: Array, *, decay_updates: int, temperature: float) -> Array:
-    """[] float32 the acting temperature after `updates` learner updates: the reference's
-    schedule over `decay_updates` (`temperature_decay_updates` in `default_config`), or
-    `temperature` throughout when that is 0."""
-    total = decay_updates
-    if total <= 0:
-        return jnp.asarray(temperature, jnp.float32)
-    fraction = updates.astype(jnp.float32) / total
-    return jnp.where(fraction < 0.5, 1.0, jnp.where(fraction < 0.75, 0.5, 0.25)).astype(
-        jnp.float32)
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -157,11 +144,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     muzero.check_choices(config, {"consistency_norm": CONSISTENCY_NORMS,
                                   "augment_draws": learning.AUGMENT_DRAWS,
                                   "unroll_gradient_scale": learning.GRADIENT_SCALES})
-    if config.temperature_decay_updates < 0:
-        raise ConfigError("agent.temperature_decay_updates",
-                          f"is {config.temperature_decay_updates}",
-                          "use the run's learner updates (the reference: 100000), or 0 for a "
-                          "constant `temperature`")
     if config.value_prefix and config.value_prefix_horizon < 1:
         raise ConfigError("agent.value_prefix_horizon", f"is {config.value_prefix_horizon}",
                           "use at least 1 (the paper: 5)")
@@ -202,13 +184,10 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     replay, example_step, history = muzero.make_replay(
         config, env_spec, extra_fields={"collected_at": jax.ShapeDtypeStruct((), jnp.int32)})
     search_settings, learn = muzero.search_config(config), learn_config(config)
-    schedule = {"decay_updates": config.temperature_decay_updates,
-                "temperature": config.temperature}
     loss_hparams = {k: config[k] for k in LOSS_HPARAMS}
 
     # The actors receive the network's parameters and the acting temperature in force.
-    actor_params = lambda state: {"network": state.params,
-                                  "temperature": temperature_at(state.updates, **schedule)}
+    actor_params = muzero.make_actor_params(config)
     search = lambda params, observation, key, evaluation: run_search(
         network, params["network"], observation, key, search_settings,
         value_prefix=learn.value_prefix, value_prefix_horizon=learn.value_prefix_horizon,

@@ -16,6 +16,7 @@ from agents.muzero.agent import (
     default_config,
     init_learner_state,
     learn_config,
+    make_actor_params,
     make_actor_step,
     make_agent,
     make_optimizer,
@@ -23,6 +24,7 @@ from agents.muzero.agent import (
     search_config,
     set_hparams,
     stores_frames_once,
+    temperature_at,
     validate,
 )
 from agents.muzero.learning import (
@@ -92,6 +94,7 @@ __all__ = [
     "learn_config",
     "learner_step",
     "learner_update",
+    "make_actor_params",
     "make_actor_step",
     "make_agent",
     "make_network",
@@ -114,6 +117,7 @@ __all__ = [
     "set_hparams",
     "stack_restarts",
     "stores_frames_once",
+    "temperature_at",
     "to_replay_steps",
     "unroll_loss",
     "unroll_model",

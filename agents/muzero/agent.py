@@ -13,6 +13,7 @@ edges.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +59,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.dirichlet_alpha = 0.3
     c.dirichlet_fraction = 0.25
     c.temperature = 1.0  # visit-count temperature for acting (PUCT search)
+    # The MuZero paper's acting schedule over this many learner updates: `temperature` for the
+    # first half, 0.5 to three quarters, then 0.25 (sent to the actors with the parameters).
+    # 0: `temperature` throughout.
+    c.temperature_decay_updates = 0
     # PUCT's value term: "parent_and_siblings" (mctx's default: min-max over the node's value
     # and its children's Q) or "tree_min_max" (min-max over every visited edge of the tree,
     # with a floor of 0.01 on the range, as EfficientZero's reference and MuZero's
@@ -202,6 +207,27 @@ def learn_config(config: ml_collections.ConfigDict) -> LearnConfig:
         reanalyse_search=search_config(config))
 
 
+def temperature_at(updates: Array, *, decay_updates: int, temperature: float) -> Array:
+    """[] float32 the acting temperature after `updates` learner updates: `temperature` for
+    the first half of `decay_updates`, 0.5 to three quarters, then 0.25 (the MuZero paper's
+    1 / 0.5 / 0.25 over 500K / 750K of its 1M training steps; EfficientZero's reference), or
+    `temperature` throughout when `decay_updates` is 0."""
+    if decay_updates <= 0:
+        return jnp.asarray(temperature, jnp.float32)
+    fraction = updates.astype(jnp.float32) / decay_updates
+    return jnp.where(fraction < 0.5, temperature,
+                     jnp.where(fraction < 0.75, 0.5, 0.25)).astype(jnp.float32)
+
+
+def make_actor_params(config: ml_collections.ConfigDict) -> Callable[[LearnerState], dict]:
+    """`Agent.actor_params` of a searching agent: the network's parameters and the acting
+    temperature in force (`temperature_at`)."""
+    schedule = {"decay_updates": config.temperature_decay_updates,
+                "temperature": config.temperature}
+    return lambda state: {"network": state.params,
+                          "temperature": temperature_at(state.updates, **schedule)}
+
+
 def make_actor_step(search):
     """`Agent.actor_step` of a searching agent: `search(params, observation, key, evaluation)`
     -> `mctx.PolicyOutput`; acts by the search's sampled action (its most visited one when
@@ -247,6 +273,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     check_choices(config, {"q_transform": Q_TRANSFORMS, "unvisited_q": UNVISITED_Q,
                            "past_end_targets": PAST_END_TARGETS,
                            "reanalyse_value": ("target_network", "root")})
+    if config.temperature_decay_updates < 0:
+        raise ConfigError("agent.temperature_decay_updates",
+                          f"is {config.temperature_decay_updates}",
+                          "use a number of learner updates, or 0 for a constant `temperature`")
 
 
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
@@ -263,7 +293,8 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     loss_hparams = {k: config[k] for k in LOSS_HPARAMS}
 
     search = lambda params, observation, key, evaluation: run_search(
-        network, params, observation, key, search_settings, evaluation=evaluation)
+        network, params["network"], observation, key, search_settings, evaluation=evaluation,
+        temperature=params["temperature"])
     actor_step = make_actor_step(search)
     init = lambda key, spec=env_spec: init_learner_state(
         network, optimizer, replay, example_step, loss_hparams, key, spec)
@@ -284,7 +315,7 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_step=actor_step,
         learner_step=learner_step,
         init_actor_state=lambda batch_size: (),
-        actor_params=lambda state: state.params,
+        actor_params=make_actor_params(config),
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
     )

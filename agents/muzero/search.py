@@ -75,14 +75,17 @@ def root_output(network: MuZeroNetwork, params: Params, observation: Array,
 
 
 def run_search(network: MuZeroNetwork, params: Params, observation: Array, key: PRNGKey,
-               search_config: SearchConfig, *, evaluation: bool) -> mctx.PolicyOutput:
+               search_config: SearchConfig, *, evaluation: bool,
+               temperature: Array | float | None = None) -> mctx.PolicyOutput:
     """One batched search from `observation` ([B, ...]) with `search_config`. `evaluation`
     turns the root noise off. `key` is consumed by mctx (root noise, Gumbel draws, action
-    sampling)."""
+    sampling). `temperature` (possibly traced; None: `search_config.temperature`) is the
+    acting temperature of the visit counts."""
     root = root_output(network, params, observation, search_config.support_size)
     recurrent_fn = make_recurrent_fn(network, search_config.support_size,
                                      search_config.discount)
-    return search_with(root, recurrent_fn, params, key, search_config, evaluation=evaluation)
+    return search_with(root, recurrent_fn, params, key, search_config, evaluation=evaluation,
+                       temperature=temperature)
 
 
 Q_TRANSFORMS = ("parent_and_siblings", "tree_min_max")

@@ -92,7 +92,7 @@ def main(argv):
         state = agent.init(jax.random.PRNGKey(0), spec)
         timestep = jax.vmap(lambda k: env.reset(k)[1])(jax.random.split(jax.random.PRNGKey(1), b))
         act = jax.jit(functools.partial(lambda a, p, t, k: a.actor_step(p, (), t, k)[0], agent))
-        seconds = _best(act, state.params, timestep, jax.random.PRNGKey(2))
+        seconds = _best(act, agent.actor_params(state), timestep, jax.random.PRNGKey(2))
         print(f"{search:>6} search ({b} roots x {sims} simulations): "
               f"{b * sims / seconds:>12,.0f} simulations/s "
               f"({100 * forward_s / seconds:.0f}% of the time in network passes)")
