@@ -57,3 +57,22 @@ def test_learner_step_equals_the_loss_over_all_observations_in_one_pass():
     np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(grads), rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
                  new_state.params, expected)
+
+
+def test_the_step_size_anneals_linearly_to_zero_over_anneal_lr_updates():
+    # With a constant gradient g, Adam's bias-corrected step is g / (|g| + eps): the step
+    # size itself, lr, per coordinate. Annealed over 4 updates, update k (from 0) moves by
+    # lr (1 - k / 4): 1, 3/4, 1/2, 1/4, then 0; with 0 updates it stays lr. (float32: the bias
+    # corrections and square root round to about 1e-5 relative.)
+    config = default_config()
+    config.learning_rate, config.adam_eps = 0.1, 1e-12
+    params = {"w": jnp.ones(3)}
+    grads = {"w": jnp.asarray([0.5, -2.0, 3.0])}
+    for anneal, fractions in ((4, (1.0, 0.75, 0.5, 0.25, 0.0, 0.0)), (0, (1.0,) * 6)):
+        config.anneal_lr_updates = anneal
+        optimizer = make_optimizer(config)
+        state = optimizer.init(params)
+        for k, fraction in enumerate(fractions):
+            updates, state = optimizer.update(grads, state, params)
+            np.testing.assert_allclose(updates["w"], -0.1 * fraction * np.sign(grads["w"]),
+                                       rtol=1e-4, atol=1e-9, err_msg=f"{anneal=}, update {k}")

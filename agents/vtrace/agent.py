@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -34,7 +35,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.name = "vtrace"
     c.torso = "auto"  # "auto" | "mlp" | "conv" | "resnet"
     c.hidden_sizes = (64, 64)  # MLP torso layer sizes
-    c.learning_rate = 1e-3  # Adam step size
+    c.learning_rate = 1e-3  # Adam step size at the start
+    # Learner updates over which the step size falls linearly to 0; 0 = constant. Configs tie
+    # it to the run length with field references (as PPO's `anneal_lr_updates`).
+    c.anneal_lr_updates = 0
     c.adam_eps = 1e-5
     c.max_grad_norm = 1.0  # gradients are clipped to this global norm
     c.discount = 0.99  # gamma
@@ -56,17 +60,24 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
-def _clipped_adam(learning_rate: float, adam_eps: float,
-                  max_grad_norm: float) -> optax.GradientTransformation:
-    return optax.chain(
-        optax.clip_by_global_norm(max_grad_norm),
-        optax.adam(learning_rate, eps=adam_eps),
-    )
-
-
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """Global-norm clipping then Adam, with its hyperparameters held in the optimiser state."""
-    return optax.inject_hyperparams(_clipped_adam)(
+    """Global-norm clipping then Adam, the step size annealed linearly to 0 over
+    `anneal_lr_updates` updates (when > 0), with its hyperparameters held in the optimiser
+    state."""
+    anneal = int(config.anneal_lr_updates)
+
+    def clipped_adam(learning_rate, adam_eps, max_grad_norm):
+        if anneal <= 0:  # the optimiser (and its state) of a constant step size
+            return optax.chain(optax.clip_by_global_norm(max_grad_norm),
+                               optax.adam(learning_rate, eps=adam_eps))
+        return optax.chain(
+            optax.clip_by_global_norm(max_grad_norm),
+            optax.scale_by_adam(eps=adam_eps),
+            optax.scale_by_schedule(lambda count: jnp.clip(1.0 - count / anneal, 0.0, 1.0)),
+            optax.scale_by_learning_rate(learning_rate),
+        )
+
+    return optax.inject_hyperparams(clipped_adam)(
         **{name: float(config[name]) for name in OPTIMIZER_HPARAMS}
     )
 
@@ -87,6 +98,9 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
     if not config.reward_scale > 0.0:
         raise ConfigError("agent.reward_scale", f"must be > 0, got {config.reward_scale}",
                           "set --config.agent.reward_scale=1.0")
+    if config.anneal_lr_updates < 0:
+        raise ConfigError("agent.anneal_lr_updates", f"must be >= 0, got "
+                          f"{config.anneal_lr_updates}", "use 0 for a constant step size")
 
 
 def learn_config(config: ml_collections.ConfigDict) -> learning.LearnConfig:
