@@ -72,3 +72,38 @@ def test_smallest_suite_runs_writes_its_table_and_refuses_to_overwrite(tmp_path)
     # --resume finishes without running the finished pair again.
     again = suite.run_suite(out, ["vtrace"], ["catch"], [0, 1], steps=steps, resume=True)
     assert again["pairs"][0]["wall_seconds"] == catch["wall_seconds"]
+
+
+def test_sigterm_stops_the_suite_and_resume_finishes_the_pair(tmp_path, monkeypatch):
+    # A preempted pair used to be marked done with the records it had, and the suite went on
+    # to the next pair in the same process; --resume then skipped the cut-short pair.
+    import signal
+
+    import anakin
+
+    out = str(tmp_path / "results")
+    steps = 4 * 32 * 16  # four chunks of one update each
+    real_train = anakin.train
+
+    def preempted(config, workdir):
+        def log(record):  # chunk 1 logged while chunk 2 is in flight: stops after chunk 2
+            if record["updates"] == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return real_train(config, workdir, log_fn=log)
+
+    monkeypatch.setattr(suite.anakin, "train", preempted)
+    results = suite.run_suite(out, ["vtrace"], ["catch", "CartPole-v1"], [0], steps=steps)
+    catch = os.path.join(out, "runs", "vtrace", "catch")
+    assert results["interrupted"] == {"agent": "vtrace", "env": "catch", "workdir": catch}
+    assert not os.path.exists(os.path.join(catch, "suite_done.json"))
+    assert not os.path.exists(os.path.join(out, "runs", "vtrace", "CartPole-v1"))  # not started
+    assert not os.path.exists(os.path.join(out, "results.md"))
+    assert [r["updates"] for r in plot.load_runs(catch)[0].records] == [1, 2]
+
+    monkeypatch.setattr(suite.anakin, "train", real_train)
+    results = suite.run_suite(out, ["vtrace"], ["catch", "CartPole-v1"], [0], steps=steps,
+                              resume=True)
+    assert "interrupted" not in results
+    rows = {r["env"]: r for r in results["pairs"]}
+    assert rows["catch"]["env_steps"] == rows["CartPole-v1"]["env_steps"] == steps
+    assert [r["updates"] for r in plot.load_runs(catch)[0].records] == [1, 2, 3, 4]

@@ -20,7 +20,9 @@ episode return at a quarter and half of the budget and at the end (a run ends at
 whole chunk past its budget), the wall time of each pair, the hardware and versions), `results.json` (the same, machine-readable), one learning-curve PNG per
 environment (`curves_<env>.png`, every agent's mean and range over seeds), and each pair's
 workdir (`runs/<agent>/<env>/`, its `run_<i>/metrics.jsonl`). An existing `--out_dir` is refused
-unless `--resume`, which skips the pairs already done.
+unless `--resume`, which skips the pairs already done. A pair stopped by SIGTERM (preemption) stops
+the suite: it is not marked done, no later pair starts, and `--resume` continues it from its
+checkpoint.
 """
 
 from __future__ import annotations
@@ -177,7 +179,8 @@ def write_table(out: str, results: dict[str, Any]) -> str:
 def run_suite(out: str, agent_names: Sequence[str], env_names: Sequence[str],
               seeds: Sequence[int], *, steps: int = 0, minatar_steps: int = 0,
               resume: bool = False) -> dict[str, Any]:
-    """Runs every pair into `out` and writes the table, the JSON and the curves."""
+    """Runs every pair into `out` and writes the table, the JSON and the curves. If SIGTERM
+    stops a pair, returns at once with `results["interrupted"]` naming it, writing no table."""
     if os.path.exists(out) and os.listdir(out) and not resume:
         raise FileExistsError(f"--out_dir={out} exists and is not empty: choose a new directory, "
                               "or pass --resume to continue into it.")
@@ -205,9 +208,22 @@ def run_suite(out: str, agent_names: Sequence[str], env_names: Sequence[str],
                     wall = json.load(f)["wall_seconds"]
             else:
                 os.makedirs(os.path.dirname(workdir), exist_ok=True)
+                # A pair stopped by SIGTERM left its wall time so far here, and a checkpoint.
+                partial = os.path.join(workdir, "suite_partial.json")
+                wall = 0.0
+                if os.path.exists(partial):
+                    with open(partial) as f:
+                        wall = json.load(f)["wall_seconds"]
                 pair_started = time.perf_counter()
-                anakin.train(pair_config(agent, env, seeds, total), workdir)
-                wall = time.perf_counter() - pair_started
+                result = anakin.train(pair_config(agent, env, seeds, total), workdir)
+                wall += time.perf_counter() - pair_started
+                if result.interrupted:
+                    # Preempted: the pair is not done and no further pair may start. Its
+                    # checkpoint is in its workdir; --resume continues from it.
+                    with open(partial, "w") as f:
+                        json.dump({"wall_seconds": wall}, f)
+                    results["interrupted"] = {"agent": agent, "env": env, "workdir": workdir}
+                    return results
                 with open(done, "w") as f:
                     json.dump({"wall_seconds": wall}, f)
             runs = plot.load_runs(workdir, label=agent)
@@ -230,6 +246,11 @@ def main(argv: list[str]) -> None:
     results = run_suite(_OUT.value, _AGENTS.value, _ENVS.value, [int(s) for s in _SEEDS.value],
                         steps=_STEPS.value, minatar_steps=_MINATAR_STEPS.value,
                         resume=_RESUME.value)
+    if "interrupted" in results:
+        stopped = results["interrupted"]
+        raise SystemExit(f"Stopped by SIGTERM during {stopped['agent']} on {stopped['env']}: "
+                         f"its checkpoint is in {stopped['workdir']}. Run the same command with "
+                         "--resume to continue from it; no later pair was started.")
     with open(os.path.join(_OUT.value, "results.md")) as f:
         print(f.read())
     del results
