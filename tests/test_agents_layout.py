@@ -60,7 +60,7 @@ def test_typed_configs_are_built_from_the_config_and_frozen():
         with pytest.raises(dataclasses.FrozenInstanceError):
             frozen.batch_size = 1  # any field
     spec_free = ppo.LearnConfig(num_epochs=1, num_minibatches=1, off_policy="plain",
-                                normalize_advantages=True, unroll_updates=False,
+                                advantage_normalization="batch", unroll_updates=False,
                                 continuous=False, observation_rank=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec_free.num_epochs = 2

@@ -78,6 +78,7 @@ def test_learner_step_normalises_over_the_global_batch(off_policy):
     config = ppo.default_config()
     config.off_policy = off_policy
     config.num_minibatches = 2
+    config.advantage_normalization = "batch"
     agent = agents.make(config, SPEC)
     state = agent.init(jax.random.PRNGKey(0))
     trajectory = _trajectory()

@@ -22,7 +22,8 @@ REWARDS = np.array([[1.0, -0.5], [0.0, 2.0]])  # r_1, r_2 of each sequence
 
 def _learn(normalize=True):
     return learning.LearnConfig(num_epochs=1, num_minibatches=1, off_policy="plain",
-                                normalize_advantages=normalize, unroll_updates=False,
+                                advantage_normalization="batch" if normalize else "none",
+                                unroll_updates=False,
                                 continuous=False, observation_rank=1)
 
 

@@ -51,6 +51,7 @@ WORKER = textwrap.dedent('''
         spec = EnvSpec(observation=ArraySpec((4,), np.float32), action=DiscreteSpec(2))
         config = ppo.default_config()
         config.num_minibatches = 2
+        config.advantage_normalization = "batch"
         return agents.make(config, spec)
 
 

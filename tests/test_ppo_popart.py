@@ -39,9 +39,9 @@ class Table:
         return jnp.broadcast_to(p["logits"], (b,) + p["logits"].shape), value
 
 
-def _learn(popart=True, step_size=0.25):
+def _learn(popart=True, step_size=0.25, normalization="batch"):
     return learning.LearnConfig(num_epochs=1, num_minibatches=1, off_policy="plain",
-                                normalize_advantages=True, unroll_updates=False,
+                                advantage_normalization=normalization, unroll_updates=False,
                                 continuous=False, observation_rank=1, popart=popart,
                                 popart_step_size=step_size)
 
@@ -116,13 +116,29 @@ def test_statistics_preserved_outputs_and_value_loss_by_hand():
                                0.5 * np.mean(np.square(3.5 - returns)) / sigma ** 2, rtol=1e-5)
 
 
-def test_the_update_does_not_depend_on_the_rewards_scale_with_popart_only():
+def test_unnormalised_advantages_are_divided_by_the_statistics_scale():
+    # advantage_normalization="none": GAE on sigma n(x) + mu = 3.5, divided by the sigma the
+    # values were computed with (3, before the statistics move), as V-trace's policy gradient.
+    state = _state(optax.sgd(0.0), _stats(2.0, 13.0))
+    batch, _ = learning.targets(Table(), _learn(normalization="none"), state.params,
+                                _trajectory(), HPARAMS, axis_name=None,
+                                popart_stats=state.popart)
+    np.testing.assert_allclose(batch["advantage"], _gae_by_hand(3.5) / 3.0, rtol=1e-5)
+    plain = _state(optax.sgd(0.0))
+    batch, _ = learning.targets(Table(), _learn(popart=False, normalization="none"),
+                                plain.params, _trajectory(), HPARAMS, axis_name=None)
+    np.testing.assert_allclose(batch["advantage"], _gae_by_hand(KERNEL + BIAS), rtol=1e-5)
+
+
+@pytest.mark.parametrize("normalization", ["batch", "none"])
+def test_the_update_does_not_depend_on_the_rewards_scale_with_popart_only(normalization):
     # Rewards x 10 with statistics x 10 (mu, and nu x 100): the same normalised advantages,
     # targets and value-clipping range, so the same parameters; without PopArt the value's
     # gradient grows with the rewards and the update differs.
     optimizer = optax.sgd(0.1)
-    small = _step(_learn(), _state(optimizer, _stats(1.0, 5.0)), _trajectory(), optimizer)[0]
-    large = _step(_learn(), _state(optimizer, _stats(10.0, 500.0)),
+    learn = _learn(normalization=normalization)
+    small = _step(learn, _state(optimizer, _stats(1.0, 5.0)), _trajectory(), optimizer)[0]
+    large = _step(learn, _state(optimizer, _stats(10.0, 500.0)),
                   _trajectory(REWARDS * 10.0), optimizer)[0]
     jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6),
                  small.params, large.params)

@@ -72,7 +72,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.value_clip_eps = 0.2  # the value may move this far from the old value; 0 = no clipping
     c.value_cost = 0.5
     c.entropy_cost = 0.01
-    c.normalize_advantages = True  # over the global batch (every device and process)
+    c.advantage_normalization = "batch"  # "batch": to mean 0, std 1 over the global batch
+    # (every device and process); "none": in value units (divided by PopArt's sigma)
     # PopArt value normalisation (agents/popart.py; docs/ppo.md): the value head learns
     # targets scaled to about unit size, so that value_clip_eps and the value loss's weight
     # mean the same whatever the rewards' scale (Pendulum's returns reach -1,000).
@@ -123,6 +124,10 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
     if config.activation not in networks.ACTIVATIONS:
         raise ConfigError("agent.activation", f"unknown value {config.activation!r}",
                           f"use one of {sorted(networks.ACTIVATIONS)}")
+    if config.advantage_normalization not in learning.ADVANTAGE_NORMALIZATIONS:
+        raise ConfigError("agent.advantage_normalization",
+                          f"unknown value {config.advantage_normalization!r}",
+                          f"use one of {list(learning.ADVANTAGE_NORMALIZATIONS)}")
     if config.torso not in networks.TORSOS:
         raise ConfigError("agent.torso", f"unknown value {config.torso!r}",
                           f"use one of {list(networks.TORSOS)}")
@@ -140,7 +145,7 @@ def learn_config(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> learni
     """The learner's static settings: `config`'s fields and what `env_spec` fixes."""
     return learning.LearnConfig(
         num_epochs=config.num_epochs, num_minibatches=config.num_minibatches,
-        off_policy=config.off_policy, normalize_advantages=bool(config.normalize_advantages),
+        off_policy=config.off_policy, advantage_normalization=config.advantage_normalization,
         unroll_updates=bool(config.unroll_updates), continuous=networks.is_continuous(env_spec),
         observation_rank=len(env_spec.observation.shape), popart=config.popart,
         popart_step_size=float(config.popart_step_size))

@@ -30,6 +30,12 @@ from podracer.config import ConfigError
 from podracer.types import Array, Extras, Metrics, Params, PRNGKey, TimeStep, Trajectory
 
 
+# How the policy gradient's advantages are scaled: "batch" to mean 0 and standard deviation 1
+# over the global batch (PPO's usual practice); "none" leaves them in value units (divided by
+# PopArt's sigma when PopArt is on, as V-trace's are).
+ADVANTAGE_NORMALIZATIONS = ("none", "batch")
+
+
 @dataclasses.dataclass(frozen=True)
 class LearnConfig:
     """The static settings of PPO's learner: the agent config's fields of the same names, and
@@ -38,7 +44,7 @@ class LearnConfig:
     num_epochs: int  # passes over each trajectory batch
     num_minibatches: int  # per epoch, per device
     off_policy: str  # "plain" | "corrected"
-    normalize_advantages: bool  # over the global batch
+    advantage_normalization: str  # "batch" | "none" (ADVANTAGE_NORMALIZATIONS)
     unroll_updates: bool  # unroll the epoch and minibatch scans
     continuous: bool  # the actions are a vector [D] (a Gaussian policy), not one integer
     observation_rank: int  # the rank of one observation, without leading axes
@@ -123,8 +129,12 @@ def targets(network: nn.Module, learn: LearnConfig, params: Params, trajectory: 
     values = jax.lax.stop_gradient(values)
     normalised, adv_mean, adv_std = losses.normalize_advantages(
         advantages, mask, axis_name=axis_name)
-    if not learn.normalize_advantages:
-        normalised = advantages
+    if learn.advantage_normalization == "none":
+        # In value units: with PopArt divided by sigma, as V-trace's policy gradient is
+        # (Hessel et al., 2019), so that the entropy bonus weighs the same at any reward scale.
+        normalised = advantages * mask
+        if popart_stats is not None:
+            normalised = normalised / popart.scale(popart_stats)
     metrics = {"advantage_mean": adv_mean, "advantage_std": adv_std,
                "importance_weight": jnp.sum(weights * mask) / jnp.maximum(mask.sum(), 1.0)}
     batch = {"observation": ts.observation[:-1], "action": trajectory.action,

@@ -20,6 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.env.name = "CartPole-v1"  # envs_jax's JAX port, parity-tested against gymnasium
     config.agent = ppo.default_config()
     config.agent.popart = False  # PureJaxRL's PPO, which has no PopArt
+    config.agent.advantage_normalization = "batch"  # and normalises over the batch
     config.agent.hidden_sizes = (64, 64)
     config.agent.activation = "tanh"
     config.agent.learning_rate = 2.5e-4

@@ -18,6 +18,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.env.name = "Pendulum-v1"
     config.agent = ppo.default_config()
     config.agent.popart = False  # tuned and measured without PopArt (the agent's default turns it on)
+    config.agent.advantage_normalization = "batch"  # and with batch-normalised advantages
     config.agent.hidden_sizes = (64, 64)
     config.agent.activation = "tanh"
     config.agent.learning_rate = 1e-3

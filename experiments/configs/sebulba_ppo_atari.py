@@ -28,6 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
     config = sebulba_vtrace_atari.get_config()  # Pong-v5 under the impala protocol
     config.agent = ppo.default_config()
     config.agent.popart = False  # the PPO paper's Atari agent, which has no PopArt
+    config.agent.advantage_normalization = "batch"  # and normalises over the batch
     config.agent.torso = "conv"  # the DQN/IMPALA-shallow torso, shared by policy and value
     config.agent.learning_rate = 2.5e-4
     config.agent.num_epochs = 3

@@ -20,6 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
     config = sebulba.default_config()  # CartPole-v1, one device acting and learning
     config.agent = ppo.default_config()
     config.agent.popart = False  # measured without PopArt (the agent's default turns it on)
+    config.agent.advantage_normalization = "batch"  # and with batch-normalised advantages
     config.agent.hidden_sizes = (64, 64)
     config.agent.activation = "tanh"
     config.agent.learning_rate = 2.5e-4
