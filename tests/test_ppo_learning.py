@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from agents.actor_critic import LearnerState
 from agents.ppo import learning
@@ -130,3 +131,50 @@ def test_learner_step_on_two_devices_is_the_step_on_the_whole_batch():
                                [LOGITS - LR * grads["logits"]] * 2, rtol=1e-5)
     np.testing.assert_allclose(new_state.params["value"], [VALUE - LR * grads["value"]] * 2,
                                rtol=1e-5)
+
+
+class GaussianTable:
+    """A Gaussian policy with the same mean and log standard deviation [D] for every
+    observation, and value 0."""
+
+    def apply(self, params, observation):
+        b = observation.shape[0]
+        mean = jnp.broadcast_to(params["mean"], (b,) + params["mean"].shape)
+        log_std = jnp.broadcast_to(params["log_std"], mean.shape)
+        return (mean, log_std), jnp.zeros((b,))
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_each_policy_kind_takes_its_own_entropy_cost(continuous):
+    # The loss's entropy term is -cost * H: a categorical policy's cost is entropy_cost, a
+    # Gaussian's gaussian_entropy_cost. H by hand: categorical [3, 1]/4; a Gaussian with
+    # log sigma = (0.3, -0.5) has H = sum(0.5 log(2 pi e) + log sigma).
+    if continuous:
+        network, params = GaussianTable(), {"mean": jnp.zeros(2),
+                                            "log_std": jnp.asarray([0.3, -0.5])}
+        action = jnp.zeros((4, 2))
+        entropy = 2 * 0.5 * np.log(2 * np.pi * np.e) + 0.3 - 0.5
+    else:
+        network, params = Table(), {"logits": jnp.asarray(LOGITS, jnp.float32),
+                                    "value": jnp.asarray(VALUE, jnp.float32)}
+        action = jnp.zeros((4,), jnp.int32)
+        p = np.array([0.75, 0.25])
+        entropy = -np.sum(p * np.log(p))
+    learn = learning.LearnConfig(num_epochs=1, num_minibatches=1, off_policy="plain",
+                                 advantage_normalization="none", unroll_updates=False,
+                                 continuous=continuous, observation_rank=1)
+    mb = {"observation": jnp.zeros((4, 3)), "action": action,
+          "old_log_prob": jnp.zeros((4,)), "old_value": jnp.zeros((4,)),
+          "advantage": jnp.zeros((4,)), "return": jnp.zeros((4,)),
+          "weight": jnp.ones((4,)), "mask": jnp.ones((4,))}
+
+    def loss(entropy_cost, gaussian_entropy_cost):
+        hparams = {**HPARAMS, "entropy_cost": entropy_cost,
+                   "gaussian_entropy_cost": gaussian_entropy_cost}
+        return float(learning.minibatch_loss(network, learn, params, mb, hparams)[0])
+
+    base = loss(0.0, 0.0)
+    own, other = (loss(0.0, 0.2), loss(0.2, 0.0)) if continuous else (loss(0.2, 0.0),
+                                                                        loss(0.0, 0.2))
+    np.testing.assert_allclose(own - base, -0.2 * entropy, rtol=1e-5)
+    np.testing.assert_allclose(other, base, rtol=1e-6)

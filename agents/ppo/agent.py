@@ -46,7 +46,7 @@ from podracer.types import Array, EnvSpec
 
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
 LOSS_HPARAMS = ("discount", "gae_lambda", "clip_eps", "value_clip_eps", "value_cost",
-                "entropy_cost", "clip_rho_threshold")
+                "entropy_cost", "gaussian_entropy_cost", "clip_rho_threshold")
 SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
 OFF_POLICY = ("plain", "corrected")
 
@@ -71,9 +71,16 @@ def default_config() -> ml_collections.ConfigDict:
     c.clip_eps = 0.2  # the surrogate's ratio is clipped to [1 - eps, 1 + eps]
     c.value_clip_eps = 0.2  # the value may move this far from the old value; 0 = no clipping
     c.value_cost = 0.5
-    c.entropy_cost = 0.01
-    c.advantage_normalization = "batch"  # "batch": to mean 0, std 1 over the global batch
-    # (every device and process); "none": in value units (divided by PopArt's sigma)
+    c.entropy_cost = 0.01  # the entropy bonus of a categorical policy (discrete actions)
+    # ... and of a Gaussian policy (continuous actions), whose differential entropy has no upper
+    # bound: with advantages in value units 0.01 widened Pendulum's policy to a standard
+    # deviation of about 25 (docs/results.md); 0 is the usual continuous-control setting
+    c.gaussian_entropy_cost = 0.0
+    # "none": the advantages in value units, divided by PopArt's sigma (as V-trace's); "batch":
+    # to mean 0, std 1 over the global batch (every device and process), PPO's usual practice,
+    # which on MinAtar Breakout blew noise up to full-size steps and let the policy turn
+    # deterministic at a return of 6 (docs/results.md)
+    c.advantage_normalization = "none"
     # PopArt value normalisation (agents/popart.py; docs/ppo.md): the value head learns
     # targets scaled to about unit size, so that value_clip_eps and the value loss's weight
     # mean the same whatever the rewards' scale (Pendulum's returns reach -1,000).

@@ -147,8 +147,9 @@ def minibatch_loss(network: nn.Module, learn: LearnConfig, params: Params,
                    mb: dict[str, Array], hparams: dict[str, Array]
                    ) -> tuple[Array, dict[str, Array]]:
     """([] loss, metrics) of one minibatch (`targets`' leaves, flattened and sampled):
-    clipped surrogate + value_cost * clipped value loss - entropy_cost * entropy, with the
-    ratio's largest deviation from 1 as `ratio_deviation`."""
+    clipped surrogate + value_cost * clipped value loss - entropy_cost * entropy (a Gaussian
+    policy's: gaussian_entropy_cost), with the ratio's largest deviation from 1 as
+    `ratio_deviation`."""
     continuous = learn.continuous
     policy, value = apply(network, params, mb["observation"],
                           observation_rank=learn.observation_rank)
@@ -160,7 +161,8 @@ def minibatch_loss(network: nn.Module, learn: LearnConfig, params: Params,
                                clip_eps=hparams["value_clip_eps"])
     count = jnp.maximum(jnp.sum(mb["mask"]), 1.0)
     ent = jnp.sum(networks.entropy(policy, continuous=continuous) * mb["mask"]) / count
-    loss = surrogate.loss + hparams["value_cost"] * v_loss - hparams["entropy_cost"] * ent
+    entropy_cost = hparams["gaussian_entropy_cost" if continuous else "entropy_cost"]
+    loss = surrogate.loss + hparams["value_cost"] * v_loss - entropy_cost * ent
     deviation = jnp.max(jnp.abs(jnp.exp(log_prob - mb["old_log_prob"]) - 1.0) * mb["mask"])
     return loss, {"loss": loss, "policy_loss": surrogate.loss, "value_loss": v_loss,
                   "entropy": ent, "clip_fraction": surrogate.clip_fraction,

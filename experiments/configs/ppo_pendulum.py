@@ -26,7 +26,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.num_minibatches = 32  # of 64 transitions each
     config.agent.discount = 0.95
     config.agent.gae_lambda = 0.95
-    config.agent.entropy_cost = 0.0
+    config.agent.gaussian_entropy_cost = 0.0
     config.agent.value_clip_eps = 0.0
     config.num_envs = 16
     config.rollout_length = 128

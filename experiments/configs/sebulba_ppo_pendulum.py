@@ -14,7 +14,7 @@ import ml_collections
 from experiments.configs import ppo_pendulum, sebulba_ppo_cartpole
 
 SHARED = ("hidden_sizes", "activation", "learning_rate", "num_epochs", "num_minibatches",
-          "discount", "gae_lambda", "entropy_cost", "value_clip_eps")
+          "discount", "gae_lambda", "gaussian_entropy_cost", "value_clip_eps")
 
 
 def get_config() -> ml_collections.ConfigDict:
