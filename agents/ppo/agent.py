@@ -74,7 +74,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.entropy_cost = 0.01  # the entropy bonus of a categorical policy (discrete actions)
     # ... and of a Gaussian policy (continuous actions), whose differential entropy has no upper
     # bound: with advantages in value units 0.01 widened Pendulum's policy to a standard
-    # deviation of about 25 (docs/results.md); 0 is the usual continuous-control setting
+    # deviation of about 26 (docs/results.md); 0 is the usual continuous-control setting
     c.gaussian_entropy_cost = 0.0
     # "none": the advantages in value units, divided by PopArt's sigma (as V-trace's); "batch":
     # to mean 0, std 1 over the global batch (every device and process), PPO's usual practice,
