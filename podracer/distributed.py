@@ -19,15 +19,25 @@ not kill a job's survivors for you). The coordination service marks a process de
 100), and a watchdog thread in every process then prints which process was lost and exits with
 status `LOST_PEER_STATUS`. If process 0, which hosts the coordination service, is the one lost,
 the others find the service gone within seconds and exit non-zero naming the "leader task".
+
+A peer's death can also end a survivor before the watchdog has looked: gloo, on CPU, may throw
+from its own network thread when a peer's socket closes, and a C++ exception that no code
+catches ends the process at once (`std::terminate`, SIGABRT) with a message about a socket.
+While the watchdog runs, a terminate handler holds such a process for as long as the watchdog
+needs to name the lost peer; if no peer was lost, the original handler then reports the
+exception and aborts, as before.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
+import ctypes.util
 import os
 import sys
 import threading
 import time
+from typing import Any
 
 import jax
 
@@ -70,6 +80,7 @@ def initialize_from_env() -> bool:
         jax.distributed.initialize(**timeouts)
     if jax.process_count() > 1:
         _start_watchdog(heartbeat_s)
+        _hold_on_terminate(heartbeat_s + 3 * _WATCH_EVERY_S)
     return True
 
 
@@ -126,3 +137,51 @@ def _start_watchdog(heartbeat_s: int) -> None:
     global _watchdog_heartbeat_s
     _watchdog_heartbeat_s = heartbeat_s
     threading.Thread(target=watch, name="podracer-peer-watchdog", daemon=True).start()
+
+
+_TERMINATE_HANDLER = ctypes.CFUNCTYPE(None)
+_held_terminate: tuple[Any, Any] | None = None  # (our handler, the one it replaced)
+
+
+def _libstdcxx() -> ctypes.CDLL | None:
+    """The C++ runtime jaxlib's collectives run on, or None where it cannot be loaded."""
+    name = ctypes.util.find_library("stdc++")
+    if name is None:
+        return None
+    try:
+        lib = ctypes.CDLL(name)
+        lib._ZSt13set_terminatePFvvE  # noqa: B018 - std::set_terminate, Itanium C++ ABI
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
+def _hold_on_terminate(wait_s: float) -> bool:
+    """Makes `std::terminate` (a C++ exception nobody caught, in any thread) wait `wait_s`
+    seconds for the watchdog before the handler it replaces runs (which prints the exception
+    and aborts). Returns whether the handler is in place (a no-op where the C++ runtime is
+    not libstdc++ or cannot be loaded; the process then aborts at once, as without it)."""
+    global _held_terminate
+    if _held_terminate is not None:
+        return True
+    lib = _libstdcxx()
+    if lib is None:
+        return False
+    set_terminate = lib._ZSt13set_terminatePFvvE
+    set_terminate.restype = ctypes.c_void_p
+    set_terminate.argtypes = [_TERMINATE_HANDLER]
+    me = jax.process_index()
+
+    def hold() -> None:
+        print(f"podracer: process {me}: a C++ exception was not caught (in a collective, "
+              f"often because a peer died); waiting {wait_s:.0f}s for the peer watchdog "
+              "before aborting.", file=sys.stderr, flush=True)
+        time.sleep(wait_s)  # the watchdog ends the process here if a peer was lost
+        if previous:
+            _TERMINATE_HANDLER(previous)()
+        os.abort()
+
+    handler = _TERMINATE_HANDLER(hold)
+    previous = set_terminate(handler)
+    _held_terminate = (handler, previous)  # the C++ runtime keeps a pointer to `handler`
+    return True

@@ -10,6 +10,7 @@ within 60 s with a message naming the lost process, also when the processes were
 hand (no launcher), as on a cluster.
 """
 
+import ctypes.util
 import glob
 import os
 import re
@@ -211,6 +212,64 @@ def test_sebulba_started_by_hand_survivor_exits_naming_the_lost_process(tmp_path
     err, seconds = _kill_and_time_survivor(procs, 1, lambda: len(read_records(workdir)) >= 1)
     assert seconds < 60
     assert _names_lost_process(err, 1), err[-3000:]
+
+
+# A process of a two-process run that, once told on stdin, ends the way gloo's network thread
+# ends a survivor when a peer's socket closes: a C++ exception nobody catches, in a thread
+# other than the main one (std::terminate). Its main thread waits meanwhile, as the runner's
+# does inside a collective.
+_TERMINATES = """
+import ctypes, ctypes.util, sys, threading, time
+from podracer import distributed
+assert distributed.initialize_from_env()
+print("ready", flush=True)
+sys.stdin.readline()
+terminate = ctypes.CDLL(ctypes.util.find_library("stdc++"))._ZSt9terminatev
+threading.Thread(target=terminate).start()
+time.sleep(600)
+"""
+
+
+def _terminate_after(kill_peer: bool):
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", _TERMINATES], cwd=ROOT,
+                              env=_env(p, port=port, devices=1), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for p in (0, 1)]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-3000:]
+    if kill_peer:
+        procs[1].kill()
+        procs[1].wait()
+    started = time.monotonic()
+    procs[0].stdin.write("go\n")
+    procs[0].stdin.flush()
+    try:
+        _, err = procs[0].communicate(timeout=60)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+    return procs[0].returncode, err, time.monotonic() - started
+
+
+@pytest.mark.skipif(ctypes.util.find_library("stdc++") is None, reason="needs libstdc++")
+def test_an_uncaught_cpp_exception_after_a_peer_died_names_the_lost_process():
+    """The CI failure this guards: a survivor aborted in 0.1 s in gloo's thread
+    (`terminate called after throwing an instance of 'gloo::EnforceNotMet'`), before anything
+    could say that process 1 was gone. Held for the watchdog, it names the process."""
+    status, err, seconds = _terminate_after(kill_peer=True)
+    assert status == distributed.LOST_PEER_STATUS, err[-3000:]
+    assert _names_lost_process(err, 1), err[-3000:]
+    assert seconds < HEARTBEAT_S + 10
+
+
+@pytest.mark.skipif(ctypes.util.find_library("stdc++") is None, reason="needs libstdc++")
+def test_an_uncaught_cpp_exception_with_every_peer_alive_still_aborts():
+    status, err, seconds = _terminate_after(kill_peer=False)
+    assert status == -signal.SIGABRT, err[-3000:]
+    assert "terminate called without an active exception" in err, err[-3000:]
+    assert HEARTBEAT_S <= seconds < HEARTBEAT_S + 10
 
 
 def test_under_the_launcher_a_killed_process_ends_the_run(tmp_path):
