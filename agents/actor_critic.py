@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import chex
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import optax
 
 from podracer.types import Array, EnvSpec, Params, PRNGKey
+
+# How an actor-critic agent's policy-gradient advantages are scaled (`agent.advantage_normalization`,
+# the same field and meaning in V-trace and PPO): "none" leaves them in value units (divided by
+# PopArt's sigma when PopArt is on); "batch" brings them to mean 0 and standard deviation 1 over
+# the global batch (`normalize_advantages`).
+ADVANTAGE_NORMALIZATIONS = ("none", "batch")
 
 
 @chex.dataclass(frozen=True)
@@ -37,3 +44,27 @@ def init_learner_state(network: nn.Module, optimizer: optax.GradientTransformati
         updates=jnp.zeros((), jnp.int32),
         hparams={k: jnp.asarray(v, jnp.float32) for k, v in loss_hparams.items()},
     )
+
+
+def normalize_advantages(advantages: Array, mask: Array, *, axis_name: str | None,
+                         eps: float = 1e-8) -> tuple[Array, Array, Array]:
+    """(A - mean) / (std + eps) with the mean and standard deviation of the real transitions
+    (`mask == 1`) of the *global* batch: every device's, through `pmean` over `axis_name`
+    (`None`: this batch alone). Every device holds the same number of transitions, so the
+    `pmean` of per-device sums divided by the `pmean` of per-device counts is the global mean.
+
+    Returns the normalised advantages (masked entries are 0), the mean and the standard
+    deviation.
+    """
+    mask = mask.astype(advantages.dtype)
+
+    def global_mean(total, count):
+        if axis_name is not None:
+            total, count = jax.lax.pmean((total, count), axis_name)
+        return total / jnp.maximum(count, 1.0)
+
+    count = jnp.sum(mask)
+    mean = global_mean(jnp.sum(advantages * mask), count)
+    variance = global_mean(jnp.sum(jnp.square(advantages - mean) * mask), count)
+    std = jnp.sqrt(variance)
+    return (advantages - mean) / (std + eps) * mask, mean, std

@@ -36,7 +36,7 @@ import ml_collections
 import optax
 
 from agents import popart
-from agents.actor_critic import LearnerState, init_learner_state
+from agents.actor_critic import ADVANTAGE_NORMALIZATIONS, LearnerState, init_learner_state
 from agents.hparams import replace_hparams
 from agents.popart import PopArtLearnerState, PopArtStats
 from agents.ppo import learning, networks
@@ -131,10 +131,10 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
     if config.activation not in networks.ACTIVATIONS:
         raise ConfigError("agent.activation", f"unknown value {config.activation!r}",
                           f"use one of {sorted(networks.ACTIVATIONS)}")
-    if config.advantage_normalization not in learning.ADVANTAGE_NORMALIZATIONS:
+    if config.advantage_normalization not in ADVANTAGE_NORMALIZATIONS:
         raise ConfigError("agent.advantage_normalization",
                           f"unknown value {config.advantage_normalization!r}",
-                          f"use one of {list(learning.ADVANTAGE_NORMALIZATIONS)}")
+                          f"use one of {list(ADVANTAGE_NORMALIZATIONS)}")
     if config.torso not in networks.TORSOS:
         raise ConfigError("agent.torso", f"unknown value {config.torso!r}",
                           f"use one of {list(networks.TORSOS)}")

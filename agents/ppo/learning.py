@@ -29,11 +29,6 @@ from agents.ppo import losses, networks
 from podracer.config import ConfigError
 from podracer.types import Array, Extras, Metrics, Params, PRNGKey, TimeStep, Trajectory
 
-# How the policy gradient's advantages are scaled: "batch" to mean 0 and standard deviation 1
-# over the global batch (PPO's usual practice); "none" leaves them in value units (divided by
-# PopArt's sigma when PopArt is on, as V-trace's are).
-ADVANTAGE_NORMALIZATIONS = ("none", "batch")
-
 
 @dataclasses.dataclass(frozen=True)
 class LearnConfig:

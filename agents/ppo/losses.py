@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import rlax
 
+from agents.actor_critic import normalize_advantages  # noqa: F401 - part of this module's API
 from podracer.types import Array
 
 
@@ -97,30 +98,6 @@ def vtrace_value_targets(
     errors = rlax.vtrace(values[:-1], values[1:], r_t, discount_t, rhos, lambda_=lambda_,
                          clip_rho_threshold=clip_rho_threshold, stop_target_gradients=True)
     return jax.lax.stop_gradient(errors + values[:-1])
-
-
-def normalize_advantages(advantages: Array, mask: Array, *, axis_name: str | None,
-                         eps: float = 1e-8) -> tuple[Array, Array, Array]:
-    """(A - mean) / (std + eps) with the mean and standard deviation of the real transitions
-    (`mask == 1`) of the *global* batch: every device's, through `pmean` over `axis_name`
-    (`None`: this batch alone). Every device holds the same number of transitions, so the
-    `pmean` of per-device sums divided by the `pmean` of per-device counts is the global mean.
-
-    Returns the normalised advantages (masked entries are 0), the mean and the standard
-    deviation.
-    """
-    mask = mask.astype(advantages.dtype)
-
-    def global_mean(total, count):
-        if axis_name is not None:
-            total, count = jax.lax.pmean((total, count), axis_name)
-        return total / jnp.maximum(count, 1.0)
-
-    count = jnp.sum(mask)
-    mean = global_mean(jnp.sum(advantages * mask), count)
-    variance = global_mean(jnp.sum(jnp.square(advantages - mean) * mask), count)
-    std = jnp.sqrt(variance)
-    return (advantages - mean) / (std + eps) * mask, mean, std
 
 
 @chex.dataclass(frozen=True)

@@ -11,7 +11,7 @@ import ml_collections
 import optax
 
 from agents import popart
-from agents.actor_critic import LearnerState, init_learner_state
+from agents.actor_critic import ADVANTAGE_NORMALIZATIONS, LearnerState, init_learner_state
 from agents.hparams import replace_hparams
 from agents.vtrace import learning
 from agents.vtrace.networks import make_network
@@ -90,10 +90,10 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
 
 
 def _check_config(config: ml_collections.ConfigDict) -> None:
-    if config.advantage_normalization not in learning.ADVANTAGE_NORMALIZATIONS:
+    if config.advantage_normalization not in ADVANTAGE_NORMALIZATIONS:
         raise ConfigError("agent.advantage_normalization",
                           f"unknown value {config.advantage_normalization!r}",
-                          f"use one of {list(learning.ADVANTAGE_NORMALIZATIONS)}")
+                          f"use one of {list(ADVANTAGE_NORMALIZATIONS)}")
     popart.check_config(config)
     if not config.reward_scale > 0.0:
         raise ConfigError("agent.reward_scale", f"must be > 0, got {config.reward_scale}",

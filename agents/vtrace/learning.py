@@ -25,7 +25,6 @@ from agents.vtrace.losses import LossOutput, vtrace_loss
 from podracer.types import Array, Extras, Metrics, Params, PRNGKey, TimeStep, Trajectory
 
 SEQUENCE_AXIS = "sequences"  # the vmap over a trajectory's B sequences, for batch statistics
-ADVANTAGE_NORMALIZATIONS = ("none", "batch")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import rlax
 
-from agents.ppo.losses import normalize_advantages
+from agents.actor_critic import normalize_advantages
 from podracer.types import Array
 
 AxisName = str | tuple[str, ...] | None
