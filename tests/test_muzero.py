@@ -11,6 +11,8 @@ import pytest
 import agents
 import anakin
 from agents import muzero
+from agents.muzero import networks as muzero_networks
+from agents.vtrace import networks as vtrace_networks
 from experiments.configs import muzero_catch
 from podracer import replication
 from podracer.config import ConfigError
@@ -179,6 +181,26 @@ def test_shipped_muzero_configs_are_valid():
     agents.make(atari.agent, spec)
 
 
+@pytest.mark.parametrize("agent", ["muzero", "efficientzero"])
+def test_auto_reads_small_boards_with_the_mlp_and_atari_frames_with_the_resnet(agent):
+    minatar = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(3))
+    atari = EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8), action=DiscreteSpec(6))
+    config = agents.default_config(agent)
+    assert config.network == "auto"
+    assert muzero_networks.resolve_network("auto", minatar) == "mlp"
+    assert muzero_networks.resolve_network("auto", atari) == "resnet"
+    assert muzero_networks.resolve_network("auto", SPEC) == "mlp"
+    assert muzero_networks.resolve_network("resnet", minatar) == "resnet"
+    # One threshold for every agent's "auto": the actor-critic torsos' by its receptive field.
+    assert muzero_networks.MIN_RESNET_SIDE == vtrace_networks.conv_min_size()
+    # The default config on MinAtar's boards builds the MLP (no convolution parameters).
+    params = jax.eval_shape(lambda k: agents.make(config, minatar).init(k, minatar),
+                            jax.random.PRNGKey(0)).params
+    names = {str(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+    assert not any("Conv" in name for name in names), sorted(names)[:5]
+    assert any("Dense" in name for name in names)
+
+
 def test_replay_that_would_not_fit_fails_naming_the_field():
     config = muzero.default_config()
     config.replay_capacity = 10**12
@@ -272,6 +294,7 @@ def test_frame_stacks_rebuilt_from_one_frame_per_step_are_exact_across_life_loss
 def test_image_replay_stores_each_frame_once_and_learns_from_rebuilt_stacks():
     spec = EnvSpec(observation=ArraySpec((12, 12, 4), np.uint8), action=DiscreteSpec(3))
     config = muzero.default_config()
+    config.network = "resnet"  # "auto" reads boards this small with the MLP
     config.rollout_length, config.replay_capacity, config.min_replay_items = 4, 8, 3
     config.batch_size, config.num_simulations, config.channels = 2, 2, 8
     config.updates_per_step = 1

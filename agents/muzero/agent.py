@@ -47,7 +47,9 @@ def default_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.name = "muzero"
     # Networks.
-    c.network = "auto"  # "auto" | "mlp" | "resnet" (auto: resnet for rank-3 observations)
+    # "auto" | "mlp" | "resnet" | "ez_resnet". "auto": the resnet for images of at least 36 x 36
+    # pixels (Atari's frames), the MLP for vectors and small boards (MinAtar's 10 x 10).
+    c.network = "auto"
     c.latent_size = 64  # MLP latent width
     c.hidden_sizes = (64,)  # hidden layers of the MLP nets and of every head
     c.channels = 32  # resnet latent channels

@@ -2,7 +2,8 @@
 prediction f, with categorical reward and value heads.
 
 Two variants: an MLP for vector (or small board) observations and a residual conv net with
-downsampling for images. Latent states are min-max normalised to [0, 1] per example, as in
+downsampling for images; `network="auto"` picks the residual net for images of at least
+36 x 36 pixels and the MLP otherwise (`resolve_network`). Latent states are min-max normalised to [0, 1] per example, as in
 MuZero, so the dynamics' inputs keep one scale however deep the unroll goes.
 """
 
@@ -148,10 +149,24 @@ class Head(nn.Module):
         return nn.Dense(self.outputs, kernel_init=nn.initializers.zeros)(x)
 
 
+# "auto" picks the residual network for images with sides of at least this many pixels (Atari's
+# 84 x 84 and 96 x 96 frames), and the MLP for vectors and small boards (MinAtar's 10 x 10,
+# which the two stride-2 convolutions would leave at 3 x 3). The same threshold as the
+# actor-critic agents' "auto" torso (`agents.vtrace.networks.conv_min_size()`).
+MIN_RESNET_SIDE = 36
+
+
+def resolve_network(name: str, env_spec: EnvSpec) -> str:
+    """`agent.network` with "auto" resolved for `env_spec`'s observations."""
+    if name != "auto":
+        return name
+    shape = tuple(env_spec.observation.shape)
+    large_image = len(shape) == 3 and min(shape[:2]) >= MIN_RESNET_SIDE
+    return "resnet" if large_image else "mlp"
+
+
 def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> MuZeroNetwork:
-    kind = config.network
-    if kind == "auto":
-        kind = "resnet" if len(env_spec.observation.shape) == 3 else "mlp"
+    kind = resolve_network(config.network, env_spec)
     if kind not in ("mlp", "resnet", "ez_resnet"):
         raise ValueError(f"agent.network={config.network!r}: use 'auto', 'mlp', 'resnet' or "
                          "'ez_resnet'.")
