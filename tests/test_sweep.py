@@ -133,10 +133,11 @@ def test_four_seed_sweep_equals_four_separate_runs(separate, tmp_path):
 
 
 def test_hyperparameter_sweep_runs_equal_runs_with_those_hyperparameters(separate):
+    lr = _config().agent.learning_rate  # the config's own, which the separate runs use
     sweep = anakin.train(_config(**{
         "sweep.seeds": SEEDS,
-        # Run 1 changes two hyperparameters; the others keep the defaults.
-        "sweep.agent.learning_rate": (1e-3, 3e-3, 1e-3, 1e-3),
+        # Run 1 changes two hyperparameters; the others keep the config's values.
+        "sweep.agent.learning_rate": (lr, 3e-3, lr, lr),
         "sweep.agent.entropy_cost": (0.01, 0.05, 0.01, 0.01),
     }))
     built = set(runner._PROGRAMS)

@@ -103,8 +103,8 @@ def test_resume_allow_changes_continues_with_the_new_value_and_records_it(finish
     assert float(in_force["learning_rate"]) == pytest.approx(3e-4, rel=1e-6)
     records = read_records(workdir)
     assert [r["updates"] for r in records] == [5, 10, 15, 20, 25, 30]
-    assert records[4]["config_changes"] == {
-        "agent.learning_rate": {"checkpoint": 1e-3, "now": 3e-4}}
+    assert records[4]["config_changes"] == {  # the finished run had the config's own value
+        "agent.learning_rate": {"checkpoint": _config().agent.learning_rate, "now": 3e-4}}
     assert records[4]["config_changed_at_update"] == 20
     assert "config_changes" not in records[5]
     with open(os.path.join(workdir, "config.json")) as f:
