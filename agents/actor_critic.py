@@ -1,6 +1,7 @@
-"""The learner state of the actor-critic agents (V-trace, PPO), whose learner owns parameters,
-an optimiser and nothing else, and its initialisation. (MuZero's, which also holds target
-parameters and a replay, is `agents.muzero.learning.LearnerState`.)"""
+"""What the actor-critic agents (V-trace, PPO) share: their learner state, whose learner owns
+parameters, an optimiser and nothing else, and its initialisation (MuZero's, which also holds
+target parameters and a replay, is `agents.muzero.learning.LearnerState`); and the scaling of
+their policy-gradient advantages, `agent.advantage_normalization`."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import optax
 
 from podracer.types import Array, EnvSpec, Params, PRNGKey
 
-# How an actor-critic agent's policy-gradient advantages are scaled (`agent.advantage_normalization`,
-# the same field and meaning in V-trace and PPO): "none" leaves them in value units (divided by
-# PopArt's sigma when PopArt is on); "batch" brings them to mean 0 and standard deviation 1 over
-# the global batch (`normalize_advantages`).
+# How the policy-gradient advantages are scaled (`agent.advantage_normalization`, the same
+# field and meaning in V-trace and PPO): "none" leaves them in value units (divided by PopArt's
+# sigma when PopArt is on); "batch" brings them to mean 0 and standard deviation 1 over the
+# global batch (`normalize_advantages`).
 ADVANTAGE_NORMALIZATIONS = ("none", "batch")
 
 

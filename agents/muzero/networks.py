@@ -3,8 +3,9 @@ prediction f, with categorical reward and value heads.
 
 Two variants: an MLP for vector (or small board) observations and a residual conv net with
 downsampling for images; `network="auto"` picks the residual net for images of at least
-36 x 36 pixels and the MLP otherwise (`resolve_network`). Latent states are min-max normalised to [0, 1] per example, as in
-MuZero, so the dynamics' inputs keep one scale however deep the unroll goes.
+36 x 36 pixels and the MLP otherwise (`resolve_network`). Latent states are min-max normalised
+to [0, 1] per example, as in MuZero, so the dynamics' inputs keep one scale however deep the
+unroll goes.
 """
 
 from __future__ import annotations

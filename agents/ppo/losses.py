@@ -1,6 +1,7 @@
 """PPO's maths (Schulman et al., 2017): GAE(lambda) over the transition layout of
 `podracer.types`, its importance-corrected variant for stale data, advantage normalisation over
-the global batch, and the clipped surrogate and value losses. Unbatched and time-major where
+the global batch (`agents.actor_critic.normalize_advantages`, re-exported), and the clipped
+surrogate and value losses. Unbatched and time-major where
 time matters; callers batch with `vmap`.
 """
 
