@@ -1,8 +1,8 @@
 """PPO's maths (Schulman et al., 2017): GAE(lambda) over the transition layout of
 `podracer.types`, its importance-corrected variant for stale data, advantage normalisation over
 the global batch (`agents.actor_critic.normalize_advantages`, re-exported), and the clipped
-surrogate and value losses. Unbatched and time-major where
-time matters; callers batch with `vmap`.
+surrogate and value losses. Unbatched and time-major where time matters; callers batch with
+`vmap`.
 """
 
 from __future__ import annotations
