@@ -24,8 +24,9 @@ A peer's death can also end a survivor before the watchdog has looked: gloo, on 
 from its own network thread when a peer's socket closes, and a C++ exception that no code
 catches ends the process at once (`std::terminate`, SIGABRT) with a message about a socket.
 While the watchdog runs, a terminate handler holds such a process for as long as the watchdog
-needs to name the lost peer; if no peer was lost, the original handler then reports the
-exception and aborts, as before.
+needs to name the lost peer (JAX's own error polling, which learns of the lost heartbeat at the
+same moment, sometimes aborts the process first with its own message naming the task); if no
+peer was lost, the original handler then reports the exception and aborts, as before.
 """
 
 from __future__ import annotations

@@ -257,10 +257,15 @@ def _terminate_after(kill_peer: bool):
 def test_an_uncaught_cpp_exception_after_a_peer_died_names_the_lost_process():
     """The CI failure this guards: a survivor aborted in 0.1 s in gloo's thread
     (`terminate called after throwing an instance of 'gloo::EnforceNotMet'`), before anything
-    could say that process 1 was gone. Held for the watchdog, it names the process."""
+    could say that process 1 was gone. Held for the heartbeat timeout, it names the process:
+    our watchdog exits with LOST_PEER_STATUS, or JAX's error polling, which learns of the lost
+    heartbeat at the same moment, aborts first with its own message naming the task (both
+    outcomes were seen on CI's 2-core machine)."""
     status, err, seconds = _terminate_after(kill_peer=True)
-    assert status == distributed.LOST_PEER_STATUS, err[-3000:]
+    assert status in (distributed.LOST_PEER_STATUS, -signal.SIGABRT), err[-3000:]
     assert _names_lost_process(err, 1), err[-3000:]
+    # Held: the handler it replaced (which prints this and aborts) never ran.
+    assert "terminate called" not in err, err[-3000:]
     assert seconds < HEARTBEAT_S + 10
 
 
