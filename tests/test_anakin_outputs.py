@@ -38,7 +38,9 @@ def test_resolved_config_is_saved_as_json_and_yaml(run):
     saved = json.load(open(os.path.join(workdir, "config.json")))
     assert saved == json.loads(config.to_json_best_effort())
     assert yaml.safe_load(open(os.path.join(workdir, "config.yaml"))) == saved
-    assert saved["agent"]["hidden_sizes"] == [64, 64]
+    assert saved["agent"]["learning_rate"] == config.agent.learning_rate
+    assert saved["num_envs"] == 16 and saved["rollout_length"] == 10
+    assert saved["agent"]["hidden_sizes"] is None  # left to the observations: saved as such
 
 
 def test_metrics_jsonl_has_greedy_evaluations_at_the_interval(run):

@@ -52,6 +52,7 @@ def test_the_conv_torsos_smallest_image_is_36_pixels_by_hand():
 
 MINATAR_SPEC = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(3))
 ATARI_SPEC = EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8), action=DiscreteSpec(6))
+CARTPOLE_SPEC = EnvSpec(observation=ArraySpec((4,), np.float32), action=DiscreteSpec(2))
 
 
 @pytest.mark.parametrize("agent", ["vtrace", "ppo"])
@@ -72,3 +73,46 @@ def test_asking_for_the_conv_torso_on_small_boards_names_the_field(agent):
     with pytest.raises(ConfigError, match=r"config\.agent\.torso: 'conv' needs images of at "
                                           r"least 36 x 36 x C.*Fix: use 'mlp' or 'resnet'"):
         agents.make(config, MINATAR_SPEC)
+
+
+def test_logit_scale_multiplies_the_policy_logits_and_nothing_else():
+    # The scale is not a parameter: the same key gives the same parameters with any scale, and
+    # multiplying by a power of two is exact in float32, so the scaled logits are the unscaled
+    # ones times 0.25 bit for bit, and the value is untouched.
+    config = agents.default_config("vtrace")
+    x = jnp.asarray(np.random.default_rng(0).integers(0, 2, (5, 10, 10, 4)).astype(np.bool_))
+    config.logit_scale = 1.0
+    plain = networks.make_network(config, MINATAR_SPEC)
+    config.logit_scale = 0.25
+    scaled = networks.make_network(config, MINATAR_SPEC)
+    params = plain.init(jax.random.PRNGKey(0), x)
+    assert_trees_equal(scaled.init(jax.random.PRNGKey(0), x), params)
+    logits, value = plain.apply(params, x)
+    scaled_logits, scaled_value = scaled.apply(params, x)
+    assert float(jnp.max(jnp.abs(logits))) > 0.0
+    np.testing.assert_array_equal(np.asarray(scaled_logits), 0.25 * np.asarray(logits))
+    np.testing.assert_array_equal(np.asarray(scaled_value), np.asarray(value))
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0])
+def test_a_logit_scale_that_is_not_positive_names_the_field(scale):
+    config = agents.default_config("vtrace")
+    config.logit_scale = scale
+    with pytest.raises(ConfigError, match=r"config\.agent\.logit_scale: must be > 0"):
+        agents.make(config, MINATAR_SPEC)
+
+
+@pytest.mark.parametrize("torso, hidden_sizes, spec, expected", [
+    ("auto", None, MINATAR_SPEC, 64 / 256),  # the default on boards: 2 x 256, slowed to 64's pace
+    ("auto", None, CARTPOLE_SPEC, 1.0),      # the default on vectors: 2 x 64, unscaled
+    ("mlp", (256, 128), MINATAR_SPEC, 64 / 128),  # the last layer's width counts
+    ("mlp", (16,), CARTPOLE_SPEC, 1.0),      # narrower than 64: never sped up
+    ("auto", None, ATARI_SPEC, 1.0),         # conv torso: as before
+])
+def test_logit_scale_left_none_is_64_over_the_mlps_width_at_most_1(torso, hidden_sizes, spec,
+                                                                    expected):
+    config = agents.default_config("vtrace")
+    config.torso, config.hidden_sizes = torso, hidden_sizes
+    assert networks.make_network(config, spec).logit_scale == expected
+    config.logit_scale = 2.0  # set by hand: used as it is
+    assert networks.make_network(config, spec).logit_scale == 2.0

@@ -9,9 +9,15 @@ import functools
 import jax.numpy as jnp
 import ml_collections
 import optax
+from ml_collections import config_dict
 
 from agents import popart
-from agents.actor_critic import ADVANTAGE_NORMALIZATIONS, LearnerState, init_learner_state
+from agents.actor_critic import (
+    ADVANTAGE_NORMALIZATIONS,
+    LearnerState,
+    init_learner_state,
+    validate_hidden_sizes,
+)
 from agents.hparams import replace_hparams
 from agents.vtrace import learning
 from agents.vtrace.networks import make_network
@@ -34,7 +40,17 @@ def default_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.name = "vtrace"
     c.torso = "auto"  # "auto" | "mlp" | "conv" | "resnet"
-    c.hidden_sizes = (64, 64)  # MLP torso layer sizes
+    # MLP torso layer sizes. None: 2 x 64 for vectors, 2 x 256 for images read flattened
+    # (MinAtar's boards; `agents.actor_critic.mlp_hidden_sizes`). (64, 64) everywhere until
+    # 2026-11-27: MinAtar Asterix at 10M, seeds 0-2, 13.87 -> 20.61 (gymnax's PPO: 15).
+    c.hidden_sizes = config_dict.placeholder(tuple)
+    # The policy head's logits are multiplied by it (`networks.ActorCritic`). Under Adam a head
+    # over n features moves its logits about n times the step size per update. None: 64 / the
+    # MLP's last width if wider (0.25 at 256: the 64-wide head's pace), else 1, and 1 for the
+    # conv torsos. Unscaled, 2 x 256 lost a MinAtar SpaceInvaders seed of 3 to a softmax
+    # saturated for good (entropy and its gradient exactly 0); scaled, none of 6
+    # (docs/results.md).
+    c.logit_scale = config_dict.placeholder(float)
     # Adam step size at the start. 2e-3 since 2026-11-26 (was 1e-3): on MinAtar at 10M, seeds
     # 0-2, Breakout 15.6 -> 28.8 and SpaceInvaders 141.4 -> 149.7, Asterix and Freeway level;
     # classic control level; 3e-3 lost an Acrobot seed and Asterix (docs/results.md).
@@ -98,6 +114,11 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
                           f"unknown value {config.advantage_normalization!r}",
                           f"use one of {list(ADVANTAGE_NORMALIZATIONS)}")
     popart.check_config(config)
+    validate_hidden_sizes(config.hidden_sizes)
+    if config.logit_scale is not None and not config.logit_scale > 0.0:
+        raise ConfigError("agent.logit_scale", f"must be > 0, got {config.logit_scale}",
+                          "set --config.agent.logit_scale=1.0 (logits as the head computes them), "
+                          "or leave it None for 64 / the MLP's width")
     if not config.reward_scale > 0.0:
         raise ConfigError("agent.reward_scale", f"must be > 0, got {config.reward_scale}",
                           "set --config.agent.reward_scale=1.0")

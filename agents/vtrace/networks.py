@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 
+from agents.actor_critic import VECTOR_HIDDEN_SIZES, mlp_hidden_sizes
 from agents.layers import Conv, max_pool_3x3_stride_2
 from podracer.config import ConfigError
 from podracer.types import Array, EnvSpec
@@ -87,15 +88,22 @@ class ResNetTorso(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """Torso, then a linear policy head (logits) and a linear value head."""
+    """Torso, then a linear policy head (logits, times `logit_scale`) and a linear value head.
+
+    Under Adam every weight moves by about the step size whatever its gradient's size, so a
+    policy head over n features moves its logits about n times the step size per update: a
+    wide torso turns the policy greedy faster. `logit_scale` < 1 slows the logits alone."""
 
     torso: nn.Module
     num_actions: int
+    logit_scale: float = 1.0
 
     @nn.compact
     def __call__(self, observation: Array) -> tuple[Array, Array]:
         h = self.torso(observation)
         logits = nn.Dense(self.num_actions, name="policy")(h)
+        if self.logit_scale != 1.0:
+            logits = logits * self.logit_scale
         value = nn.Dense(1, name="value")(h)[..., 0]
         return logits, value
 
@@ -127,14 +135,28 @@ def resolve_torso(name: str, env_spec: EnvSpec) -> str:
     return name
 
 
+def logit_scale(config: ml_collections.ConfigDict, torso_name: str,
+                hidden_sizes: tuple[int, ...]) -> float:
+    """`agent.logit_scale` when set; else, for an MLP wider than 64, 64 / its last width (the
+    64-wide head's pace under Adam: `ActorCritic`), and 1 for narrower MLPs and for the conv
+    and residual torsos (as before the option existed)."""
+    if config.logit_scale is not None:
+        return float(config.logit_scale)
+    if torso_name == "mlp" and hidden_sizes:
+        return min(1.0, VECTOR_HIDDEN_SIZES[-1] / hidden_sizes[-1])
+    return 1.0
+
+
 def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> ActorCritic:
     torso_name = resolve_torso(config.torso, env_spec)
+    hidden_sizes = mlp_hidden_sizes(config.hidden_sizes, env_spec)
     if torso_name == "mlp":
-        torso = MLPTorso(tuple(config.hidden_sizes))
+        torso = MLPTorso(hidden_sizes)
     elif torso_name == "conv":
         torso = ConvTorso()
     elif torso_name == "resnet":
         torso = ResNetTorso()
     else:
         raise ValueError(f"agent.torso={config.torso!r}: use one of {TORSOS}.")
-    return ActorCritic(torso=torso, num_actions=env_spec.action.num_values)
+    return ActorCritic(torso=torso, num_actions=env_spec.action.num_values,
+                       logit_scale=logit_scale(config, torso_name, hidden_sizes))

@@ -27,6 +27,7 @@ from ml_collections import config_flags
 
 import anakin
 import envs_jax
+from agents.actor_critic import mlp_hidden_sizes
 from experiments.benchmarks._ceiling import env_ceiling_seconds
 from podracer import distributed, replication
 from podracer.types import DEVICE_AXIS
@@ -106,7 +107,7 @@ def main(argv):
           f"{jax.process_count()} process(es); jax {jax.__version__}; load average {load:.1f}")
     print(f"workload: {config.agent.name} on {config.env.name}, {n} envs/device, "
           f"T={config.rollout_length}, {config.updates_per_chunk} updates/chunk, "
-          f"torso={config.agent.torso} {tuple(config.agent.hidden_sizes)}")
+          f"torso={config.agent.torso} {mlp_hidden_sizes(config.agent.hidden_sizes, env.spec())}")
     env_sps = steps_per_chunk / env_seconds
     anakin_sps = steps_per_chunk / seconds[DEVICE_AXIS]
     print(f"ceiling (env only, random actions): {env_sps:>12,.0f} env steps/s")

@@ -20,6 +20,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.torso = "mlp"
     config.agent.hidden_sizes = (256, 256)
     config.agent.learning_rate = 1e-3
+    # Logits as the head computes them, as this config's recorded results were measured (left
+    # None, the agent would scale a 256-wide head's logits by 0.25: docs/vtrace.md).
+    config.agent.logit_scale = 1.0
     # 0.01 let the policy collapse early before PopArt (return ~6.5 at 10M). With PopArt (the
     # agent's default since issue 27), at 1M over 3 seeds: 0.02 -> 6.36, 0.01 -> 6.02
     # (docs/vtrace.md); the collapse at 10M with 0.01 is not re-measured, so 0.02 stays.
