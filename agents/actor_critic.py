@@ -26,8 +26,8 @@ ADVANTAGE_NORMALIZATIONS = ("none", "batch")
 # board), two of 256 for images the MLP reads flattened (MinAtar's 10 x 10 x C boards, 400
 # inputs and more), the width of gymnax's MinAtar PPO baselines. V-trace on MinAtar Asterix at
 # 10M steps: 13.9 at 64, 20.6 at 256 (with its logits scaled by 64/256); CartPole at 1M fell
-# from 491 to 338 with that network (seeds 0-2, docs/results.md). PPO keeps its own (64, 64): at 256 it
-# learnt Asterix more slowly.
+# from 491 to 338 with that network (seeds 0-2, docs/results.md). PPO keeps its own (64, 64):
+# at 256 (tanh) it learnt Asterix more slowly.
 VECTOR_HIDDEN_SIZES = (64, 64)
 IMAGE_HIDDEN_SIZES = (256, 256)
 
