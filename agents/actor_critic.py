@@ -21,24 +21,28 @@ from podracer.types import Array, EnvSpec, Params, PRNGKey
 # global batch (`normalize_advantages`).
 ADVANTAGE_NORMALIZATIONS = ("none", "batch")
 
-# The MLP's layer sizes when `agent.hidden_sizes` is None (V-trace's default), by observation
-# kind: two layers of 64 for vectors and 2-D arrays (CartPole's 4 numbers, Catch's 10 x 5
-# board), two of 256 for images the MLP reads flattened (MinAtar's 10 x 10 x C boards, 400
-# inputs and more), the width of gymnax's MinAtar PPO baselines. V-trace on MinAtar Asterix at
-# 10M steps: 13.9 at 64, 20.6 at 256 (with its logits scaled by 64/256); CartPole at 1M fell
-# from 491 to 338 with that network (seeds 0-2, docs/results.md). PPO keeps its own (64, 64):
-# at 256 (tanh) it learnt Asterix more slowly.
+# The MLP's layer sizes when `agent.hidden_sizes` is None (V-trace's and PPO's default), by
+# observation kind: two layers of 64 for vectors and 2-D arrays (CartPole's 4 numbers, Catch's
+# 10 x 5 board), two of 256 for images the MLP reads flattened (MinAtar's 10 x 10 x C boards,
+# 400 inputs and more), the width of gymnax's MinAtar PPO baselines. V-trace on MinAtar Asterix
+# at 10M steps: 13.9 at 64, 20.6 at 256 (with its logits scaled by 64/256); CartPole at 1M fell
+# from 491 to 338 with that network (seeds 0-2, docs/results.md). PPO takes 256 on boards with
+# ReLU (`agents.ppo.networks.mlp_activation`): with tanh, 256 learnt Asterix more slowly.
 VECTOR_HIDDEN_SIZES = (64, 64)
 IMAGE_HIDDEN_SIZES = (256, 256)
+
+
+def is_board(spec: EnvSpec) -> bool:
+    """Whether `spec`'s observations are images ([H, W, C]), which an MLP torso reads flattened
+    (the "auto" torso gives only those smaller than the conv torso's receptive field an MLP)."""
+    return len(spec.observation.shape) == 3
 
 
 def mlp_hidden_sizes(hidden_sizes, spec: EnvSpec) -> tuple[int, ...]:
     """`agent.hidden_sizes` when set; else the default for `spec`'s observations (above)."""
     if hidden_sizes is not None:
         return tuple(int(size) for size in hidden_sizes)
-    if len(spec.observation.shape) == 3:
-        return IMAGE_HIDDEN_SIZES
-    return VECTOR_HIDDEN_SIZES
+    return IMAGE_HIDDEN_SIZES if is_board(spec) else VECTOR_HIDDEN_SIZES
 
 
 def validate_hidden_sizes(hidden_sizes) -> None:

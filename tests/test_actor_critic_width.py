@@ -1,4 +1,5 @@
-"""The actor-critic MLP's width when `agent.hidden_sizes` is left to the observations."""
+"""The actor-critic MLP's width (V-trace, PPO) and PPO's activation when they are left to the
+observations."""
 
 import jax
 import numpy as np
@@ -42,6 +43,68 @@ def test_vtrace_hidden_sizes_set_by_hand_apply_to_boards_too():
 @pytest.mark.parametrize("bad", [(), (64, 0), (64.5,)])
 def test_vtrace_bad_hidden_sizes_name_the_field(bad):
     config = agents.default_config("vtrace")
+    config.hidden_sizes = bad
+    with pytest.raises(ConfigError, match="agent.hidden_sizes"):
+        agents.make(config, CARTPOLE)
+
+
+# PPO: the same widths, and the activation left to the observations too (ReLU on boards).
+
+@pytest.mark.parametrize("spec, first, second", [
+    (MINATAR, (400, 256), (256, 256)),
+    (CARTPOLE, (4, 64), (64, 64)),
+    (CATCH, (50, 64), (64, 64)),
+])
+def test_ppo_default_width_follows_the_observations(spec, first, second):
+    config = agents.default_config("ppo")
+    assert config.hidden_sizes is None and config.activation is None
+    shapes = _kernel_shapes(config, spec)
+    # Separate policy and value MLPs: each layer shape twice.
+    assert shapes.count(first) == 2 and shapes.count(second) == 2, shapes
+
+
+def _ppo_logits_by_hand(params, x, activation):
+    """The policy head's logits computed from the parameters with numpy: the actor MLP on the
+    flattened observation, then the head."""
+    p = jax.tree_util.tree_map(np.asarray, params["params"])
+    h = x.reshape(x.shape[0], -1).astype(np.float64)
+    for name in sorted(p["actor_torso"]):
+        layer = p["actor_torso"][name]
+        h = activation(h @ layer["kernel"] + layer["bias"])
+    return h @ p["policy"]["kernel"] + p["policy"]["bias"]
+
+
+@pytest.mark.parametrize("spec, activation", [
+    (MINATAR, lambda h: np.maximum(h, 0.0)),  # a board: ReLU
+    (CARTPOLE, np.tanh),                      # a vector: tanh, as before
+])
+def test_ppo_default_activation_follows_the_observations(spec, activation):
+    from agents.ppo import networks
+    config = agents.default_config("ppo")
+    network = networks.make_network(config, spec)
+    x = jax.random.uniform(jax.random.PRNGKey(1), (8,) + spec.observation.shape)
+    params = network.init(jax.random.PRNGKey(0), x)
+    logits, _ = network.apply(params, x)
+    expected = _ppo_logits_by_hand(params, np.asarray(x, np.float64), activation)
+    np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_ppo_activation_and_sizes_set_by_hand_apply_to_boards_too():
+    from agents.ppo import networks
+    config = agents.default_config("ppo")
+    config.hidden_sizes, config.activation = (32,), "tanh"
+    assert (400, 32) in _kernel_shapes(config, MINATAR)
+    network = networks.make_network(config, MINATAR)
+    x = jax.random.uniform(jax.random.PRNGKey(1), (8,) + MINATAR.observation.shape)
+    params = network.init(jax.random.PRNGKey(0), x)
+    np.testing.assert_allclose(np.asarray(network.apply(params, x)[0]),
+                               _ppo_logits_by_hand(params, np.asarray(x, np.float64), np.tanh),
+                               rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [(), (64, 0), (64.5,)])
+def test_ppo_bad_hidden_sizes_name_the_field(bad):
+    config = agents.default_config("ppo")
     config.hidden_sizes = bad
     with pytest.raises(ConfigError, match="agent.hidden_sizes"):
         agents.make(config, CARTPOLE)
