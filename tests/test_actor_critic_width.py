@@ -40,9 +40,10 @@ def test_vtrace_hidden_sizes_set_by_hand_apply_to_boards_too():
     assert (400, 32) in shapes and (400, 256) not in shapes, shapes
 
 
+@pytest.mark.parametrize("agent", ["vtrace", "ppo"])
 @pytest.mark.parametrize("bad", [(), (64, 0), (64.5,)])
-def test_vtrace_bad_hidden_sizes_name_the_field(bad):
-    config = agents.default_config("vtrace")
+def test_bad_hidden_sizes_name_the_field(agent, bad):
+    config = agents.default_config(agent)
     config.hidden_sizes = bad
     with pytest.raises(ConfigError, match="agent.hidden_sizes"):
         agents.make(config, CARTPOLE)
@@ -100,11 +101,3 @@ def test_ppo_activation_and_sizes_set_by_hand_apply_to_boards_too():
     np.testing.assert_allclose(np.asarray(network.apply(params, x)[0]),
                                _ppo_logits_by_hand(params, np.asarray(x, np.float64), np.tanh),
                                rtol=1e-4, atol=1e-6)
-
-
-@pytest.mark.parametrize("bad", [(), (64, 0), (64.5,)])
-def test_ppo_bad_hidden_sizes_name_the_field(bad):
-    config = agents.default_config("ppo")
-    config.hidden_sizes = bad
-    with pytest.raises(ConfigError, match="agent.hidden_sizes"):
-        agents.make(config, CARTPOLE)
