@@ -2,9 +2,10 @@
 
 Torsos: `"mlp"` gives the policy and the value separate MLPs (tanh or ReLU, orthogonal
 initialisation, as is usual for PPO on vector observations; left to the observations, 2 x 64
-tanh for vectors and 2 x 256 ReLU for boards read flattened, `mlp_activation`); `"conv"` and `"resnet"` share one
-of V-trace's image torsos (`agents.vtrace.networks`) between both heads; `"auto"` is V-trace's
-rule: `"conv"` for images at least as large as its receptive field, `"mlp"` otherwise.
+tanh for vectors and 2 x 256 ReLU for boards read flattened, `mlp_activation`); `"conv"` and
+`"resnet"` share one of V-trace's image torsos (`agents.vtrace.networks`) between both heads;
+`"auto"` is V-trace's rule: `"conv"` for images at least as large as its receptive field,
+`"mlp"` otherwise.
 
 Heads: a discrete action space gets logits; a continuous one (`ArraySpec` actions of shape
 [D]) a diagonal Gaussian with a state-independent, learnt log standard deviation. The
