@@ -56,7 +56,7 @@ def test_recurrent_fn_shapes_and_discount():
     network = muzero.make_network(config, SPEC)
     params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, 10, 5)), jnp.zeros((1,), jnp.int32))
     latent = network.apply(params, jnp.ones((7, 10, 5)), method="represent")
-    assert latent.shape == (7, config.latent_size)
+    assert latent.shape == (7, 64)  # the default latent for a 2-D (not image) observation
     np.testing.assert_allclose(latent.min(-1), 0.0, atol=1e-6)  # min-max normalised
     np.testing.assert_allclose(latent.max(-1), 1.0, atol=1e-4)
     recurrent_fn = muzero.make_recurrent_fn(network, config.support_size, 0.9)
@@ -199,6 +199,54 @@ def test_auto_reads_small_boards_with_the_mlp_and_atari_frames_with_the_resnet(a
     names = {str(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
     assert not any("Conv" in name for name in names), sorted(names)[:5]
     assert any("Dense" in name for name in names)
+
+
+def _kernel_shapes(config, spec):
+    params = jax.eval_shape(lambda k: agents.make(config, spec).init(k, spec),
+                            jax.random.PRNGKey(0)).params
+    return sorted(tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                  if "kernel" in str(path))
+
+
+@pytest.mark.parametrize("agent", ["muzero", "efficientzero"])
+@pytest.mark.parametrize("spec, widths", [
+    # A board read flattened (400 inputs): hidden layers and latent 128.
+    (EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(3)),
+     [(400, 128), (128, 128), (128 + 3, 128)]),
+    # A 2-D array (50 inputs) and a vector: 64, as before.
+    (SPEC, [(50, 64), (64, 64), (64 + 3, 64)]),
+    (EnvSpec(observation=ArraySpec((4,), np.float32), action=DiscreteSpec(2)),
+     [(4, 64), (64, 64), (64 + 2, 64)]),
+])
+def test_default_mlp_width_follows_the_observations(agent, spec, widths):
+    config = agents.default_config(agent)
+    assert config.hidden_sizes is None and config.latent_size is None
+    shapes = _kernel_shapes(config, spec)
+    # Representation: inputs -> hidden -> latent; dynamics: latent + one-hot action -> hidden.
+    assert all(shape in shapes for shape in widths), shapes
+    inputs, width = widths[0]
+    assert [shape for shape in shapes if shape[0] == inputs] == [(inputs, width)], shapes
+
+
+def test_widths_set_by_hand_apply_to_boards_and_the_resnet_heads_keep_64():
+    minatar = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(3))
+    config = muzero.default_config()
+    config.hidden_sizes, config.latent_size = (32,), 16
+    shapes = _kernel_shapes(config, minatar)
+    assert (400, 32) in shapes and (32, 16) in shapes and (400, 128) not in shapes, shapes
+    # Atari frames get the resnet: its heads' hidden layer stays 64 wide.
+    atari = EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8), action=DiscreteSpec(6))
+    hidden, _ = muzero_networks.mlp_widths(muzero.default_config(), atari)
+    assert hidden == (64,)
+
+
+@pytest.mark.parametrize("field, bad", [("hidden_sizes", ()), ("hidden_sizes", (64, 0)),
+                                        ("latent_size", 0), ("latent_size", 64.5)])
+def test_bad_widths_name_the_field(field, bad):
+    config = muzero.default_config()
+    config[field] = bad
+    with pytest.raises(ConfigError, match=f"agent.{field}"):
+        agents.make(config, SPEC)
 
 
 def test_replay_that_would_not_fit_fails_naming_the_field():

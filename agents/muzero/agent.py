@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from agents.actor_critic import validate_hidden_sizes
 from agents.hparams import replace_hparams
 from agents.muzero import learning
 from agents.muzero.learning import LearnConfig, LearnerState
@@ -50,8 +51,10 @@ def default_config() -> ml_collections.ConfigDict:
     # "auto" | "mlp" | "resnet" | "ez_resnet". "auto": the resnet for images of at least 36 x 36
     # pixels (Atari's frames), the MLP for vectors and small boards (MinAtar's 10 x 10).
     c.network = "auto"
-    c.latent_size = 64  # MLP latent width
-    c.hidden_sizes = (64,)  # hidden layers of the MLP nets and of every head
+    # The MLP latent width, and the hidden layers of the MLP nets and of every head. None: 128
+    # for boards the MLP reads flattened (MinAtar's), 64 otherwise (`networks.mlp_widths`).
+    c.latent_size = None
+    c.hidden_sizes = None
     c.channels = 32  # resnet latent channels
     c.num_blocks = 2  # resnet blocks in each of h, g and f
     c.support_size = 10  # categorical value/reward support: integers in [-S, S] after h(x)
@@ -280,6 +283,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
     check_choices(config, {"q_transform": Q_TRANSFORMS, "unvisited_q": UNVISITED_Q,
                            "past_end_targets": PAST_END_TARGETS,
                            "reanalyse_value": ("target_network", "root")})
+    validate_hidden_sizes(config.hidden_sizes)
+    latent = config.latent_size
+    if latent is not None and (not isinstance(latent, int) or isinstance(latent, bool)
+                               or latent < 1):
+        raise ConfigError("agent.latent_size", f"must be a width >= 1, got {latent!r}",
+                          "set e.g. --config.agent.latent_size=128, or leave it None for the "
+                          "observations' default")
     if config.temperature_decay_updates < 0:
         raise ConfigError("agent.temperature_decay_updates",
                           f"is {config.temperature_decay_updates}",
