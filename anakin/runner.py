@@ -64,7 +64,7 @@ from anakin.programs import (
 from podracer import distributed, faults, replication
 from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
-from podracer.agent import Agent
+from podracer.agent import Agent, parameter_count
 from podracer.checkpoint import Preemption, Snapshot, snapshot, state_layout
 from podracer.session import RunSession, TrainResult, eval_key, print_end_of_run
 
@@ -212,8 +212,9 @@ def _print_banner(plan: RunPlan, session: RunSession, start: _Start,
     print(f"Anakin: {plan.agent_name} on {plan.env_name}, {plan.describe()}, "
           f"{plan.num_devices} device(s){processes} ({jax.devices()[0].platform}), "
           f"{plan.num_envs} envs, T={plan.rollout_length}, {plan.updates_per_chunk} "
-          f"updates/chunk, {plan.num_chunks} chunks; compiled in {compile_seconds:.1f}s",
-          flush=True)
+          f"updates/chunk, {plan.num_chunks} chunks; acting with "
+          f"{parameter_count(plan.agent, plan.env.spec()):,} parameters; compiled in "
+          f"{compile_seconds:.1f}s", flush=True)
     if start.resumed_from is not None:
         session.print_resume(start.resumed_from,
                              f"{start.chunks} of {plan.num_chunks} chunks done")

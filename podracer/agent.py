@@ -8,7 +8,10 @@ learner devices. docs/architecture.md describes the interface and how both runne
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple, Protocol
+
+import jax
 
 from podracer.types import Array, EnvSpec, Extras, Metrics, Params, PRNGKey, TimeStep, Trajectory
 
@@ -90,3 +93,13 @@ class Agent(NamedTuple):
     actor_params: ActorParamsFn
     set_hparams: SetHparamsFn | None = None
     sweepable: tuple[str, ...] = ()  # the agent config fields `set_hparams` accepts
+
+
+def parameter_count(agent: Agent, env_spec: EnvSpec) -> int:
+    """The weights the actors act with: the sizes of the arrays in `agent.actor_params` of a
+    fresh learner state for `env_spec`, scalars left out (settings sent along with the weights,
+    such as MuZero's acting temperature). Counted from shapes alone: nothing is initialised or
+    compiled. The runners print it, so that widths resolved from the observations show."""
+    params = jax.eval_shape(lambda key: agent.actor_params(agent.init(key, env_spec)),
+                            jax.random.PRNGKey(0))
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params) if leaf.ndim)

@@ -86,6 +86,7 @@ import numpy as np
 from podracer import distributed, replication
 from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
+from podracer.agent import parameter_count
 from podracer.checkpoint import Preemption, state_layout
 from podracer.session import EVAL_STREAM, RunSession, TrainResult, print_end_of_run
 from sebulba import host_env
@@ -297,6 +298,7 @@ def _run_info(plan: SebulbaPlan, mesh: jax.sharding.Mesh, start: _Start) -> dict
         "evaluation_environment": host_env.run_description(env.kind, env.name, env.protocol,
                                                            env.eval_options, env.stepping),
         "agent": plan.agent_name,
+        "parameters": parameter_count(plan.agent, env.spec),
         "platform": jax.local_devices()[0].platform,
         "num_processes": plan.num_processes,
         "actor_devices": [str(d) for d in plan.actor_devices],
@@ -334,7 +336,8 @@ def _print_banner(plan: SebulbaPlan, session: RunSession, start: _Start,
           f"actors {run_info['actor_devices']} x {plan.topology.actor_threads_per_device} "
           f"thread(s) x {plan.envs_per_thread} envs; learners {run_info['learner_devices']}; "
           f"T={plan.rollout_length}, {plan.num_updates} updates, staleness={plan.staleness}"
-          f"{lag}; compiled in {compile_seconds:.1f}s", flush=True)
+          f"{lag}; acting with {run_info['parameters']:,} parameters; compiled in "
+          f"{compile_seconds:.1f}s", flush=True)
     if start.resumed_from is not None:
         session.print_resume(start.resumed_from,
                              f"{start.resumed_from} of {plan.num_updates} updates done",

@@ -2,6 +2,7 @@
 metrics.jsonl with greedy evaluations, TensorBoard event files (read back with TensorBoard's
 own reader), and progress as a bar on a terminal or plain lines elsewhere."""
 
+import contextlib
 import io
 import json
 import os
@@ -30,11 +31,15 @@ def run(tmp_path_factory):
     config.total_env_steps = 16 * 10 * 5 * 4  # 4 chunks
     config.eval_every_updates = 10  # after chunks 2 and 4
     config.eval_episodes = 16
-    return config, workdir, anakin.train(config, workdir)
+    console = io.StringIO()
+    with contextlib.redirect_stdout(console):
+        result = anakin.train(config, workdir)
+    print(console.getvalue())
+    return config, workdir, result, console.getvalue()
 
 
 def test_resolved_config_is_saved_as_json_and_yaml(run):
-    config, workdir, _ = run
+    config, workdir, _, _ = run
     saved = json.load(open(os.path.join(workdir, "config.json")))
     assert saved == json.loads(config.to_json_best_effort())
     assert yaml.safe_load(open(os.path.join(workdir, "config.yaml"))) == saved
@@ -43,8 +48,18 @@ def test_resolved_config_is_saved_as_json_and_yaml(run):
     assert saved["agent"]["hidden_sizes"] is None  # left to the observations: saved as such
 
 
+def test_the_banner_counts_the_parameters_acted_with(run):
+    """The widths resolved from the observations show in the banner: Catch's 10 x 5 board
+    read flattened by 2 x 64 (V-trace's default for it), then a policy head of 3 and a value
+    head of 1, each with biases: 50*64+64 + 64*64+64 + 64*3+3 + 64+1 = 7,684."""
+    config, _, _, console = run
+    assert config.agent.hidden_sizes is None
+    banner = [line for line in console.splitlines() if line.startswith("Anakin: ")]
+    assert len(banner) == 1 and "acting with 7,684 parameters" in banner[0], console
+
+
 def test_metrics_jsonl_has_greedy_evaluations_at_the_interval(run):
-    _, workdir, result = run
+    _, workdir, result, _ = run
     records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     assert [r["updates"] for r in records] == [5, 10, 15, 20]
     assert ["eval_return" in r for r in records] == [False, True, False, True]
@@ -57,7 +72,7 @@ def test_metrics_jsonl_has_greedy_evaluations_at_the_interval(run):
 def test_tensorboard_events_are_readable_by_tensorboard(run):
     from tensorboard.backend.event_processing import event_accumulator
 
-    _, workdir, result = run
+    _, workdir, result, _ = run
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(workdir))
     reader = event_accumulator.EventAccumulator(workdir)
     reader.Reload()
@@ -168,7 +183,7 @@ def test_the_next_chunk_is_dispatched_before_a_chunks_metrics_are_logged(run):
     # dispatched already (the last chunk has none after it).
     from anakin import runner
 
-    config, _, _ = run
+    config, _, _, _ = run
     programs = next(p for p in reversed(runner._PROGRAMS.values()) if p.chunk_fn is not None)
     compiled = programs.chunk_fn
     dispatched = []
@@ -203,7 +218,7 @@ def test_an_evaluation_is_dispatched_after_the_previous_chunks_record(run):
     # after chunk k - 1's record, and any wait there is counted in chunk k's.
     from anakin import runner
 
-    config, _, _ = run
+    config, _, _, _ = run
     programs = next(p for p in reversed(runner._PROGRAMS.values()) if p.chunk_fn is not None)
     events = []
     programs.eval_params = lambda learner_state, inner=programs.eval_params: (
@@ -224,7 +239,7 @@ def test_sigterm_stops_after_the_chunk_in_flight_logged_and_checkpointed(run, tm
 
     from conftest import checkpoint_steps
 
-    config, _, _ = run
+    config, _, _, _ = run
     config = config.copy_and_resolve_references()
     config.total_env_steps = 16 * 10 * 5 * 6  # 6 chunks
     config.checkpoint_every_updates = 0  # only the one SIGTERM asks for

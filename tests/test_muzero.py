@@ -15,6 +15,7 @@ from agents.muzero import networks as muzero_networks
 from agents.vtrace import networks as vtrace_networks
 from experiments.configs import muzero_catch
 from podracer import replication
+from podracer.agent import parameter_count
 from podracer.config import ConfigError
 from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, StepType, TimeStep, Trajectory
 
@@ -238,6 +239,21 @@ def test_widths_set_by_hand_apply_to_boards_and_the_resnet_heads_keep_64():
     atari = EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8), action=DiscreteSpec(6))
     hidden, _ = muzero_networks.mlp_widths(muzero.default_config(), atari)
     assert hidden == (64,)
+
+
+def test_parameter_count_of_the_default_board_network():
+    """`podracer.agent.parameter_count` on a MinAtar-sized board (400 inputs, 5 actions), by
+    hand from the default widths (128) and the 21-bin supports (support_size 10). Each Dense
+    has a bias; each MLP layer a LayerNorm (scale and bias); heads end in zeros, with biases.
+      representation  400*128+128 + 256 + 128*128+128 + 256  = 68,352
+      dynamics        (128+5)*128+128 + 256 + 128*128+128 + 256 = 34,176
+      reward head     128*128+128 + 128*21+21                = 19,221
+      policy head     128*128+128 + 128*5+5                  = 17,157
+      value head      128*128+128 + 128*21+21                = 19,221
+    """
+    minatar = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(5))
+    agent = agents.make(muzero.default_config(), minatar)
+    assert parameter_count(agent, minatar) == 68_352 + 34_176 + 19_221 + 17_157 + 19_221
 
 
 @pytest.mark.parametrize("field, bad", [("hidden_sizes", ()), ("hidden_sizes", (64, 0)),

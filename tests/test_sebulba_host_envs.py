@@ -383,6 +383,9 @@ def test_vtrace_learns_envs_jax_catch():
     assert returns[0] < 0.0, returns
     assert returns[-1] >= 0.8, returns
     assert result.run_info["environment"] == envs_jax_env.run_description("catch", {})
+    # V-trace's default MLP for Catch's 10 x 5 board, by hand: 50*64+64 + 64*64+64 (torso),
+    # 64*3+3 (policy), 64+1 (value).
+    assert result.run_info["parameters"] == 7_684
 
 
 def test_gymnasium_workers_evaluate_checkpoint_and_resume(tmp_path):
