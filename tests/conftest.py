@@ -11,13 +11,10 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# XLA's persistent compilation cache: one fresh directory per pytest session, made by the
-# process that starts it (pytest-xdist's controller, or the only process with `-n 0`) and
-# inherited by every worker and by the experiments that tests start as subprocesses; removed
-# when that process exits. Many tests compile programs another test (on any worker), or the
-# run before a resume, compiled already; loading the executable instead of compiling it again
-# returns the same compiled program. Two workers that write one entry at once write the same
-# bytes; a reader that finds it half written gets a warning from JAX and compiles afresh.
+# XLA's persistent compilation cache, one fresh directory per test process (each pytest-xdist
+# worker), inherited by the experiments that tests start as subprocesses and removed at exit.
+# Many tests compile programs another test (or the run before a resume) compiled already;
+# loading the executable instead of compiling it again returns the same compiled program.
 # Set JAX_COMPILATION_CACHE_DIR yourself to choose the directory (it is then kept), or to ""
 # to compile everything afresh.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
