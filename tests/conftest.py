@@ -196,6 +196,17 @@ def garble_arrays(step_dir: str) -> None:
 
 
 
+def kernel_shapes(config, spec) -> list[tuple[int, ...]]:
+    """The sorted shapes of the Dense kernels in the parameters `agents.make(config, spec)`
+    initialises for `spec` (from shapes alone: nothing is computed)."""
+    import agents
+
+    params = jax.eval_shape(lambda k: agents.make(config, spec).init(k, spec),
+                            jax.random.PRNGKey(0)).params
+    return sorted(tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                  if "kernel" in str(path))
+
+
 def set_fields(config, overrides: dict) -> None:
     """Sets dotted fields of a `ConfigDict`: `{"agent.learning_rate": 3e-4}`."""
     for field, value in overrides.items():

@@ -4,6 +4,7 @@ observations."""
 import jax
 import numpy as np
 import pytest
+from conftest import kernel_shapes
 
 import agents
 from podracer.config import ConfigError
@@ -14,13 +15,6 @@ CARTPOLE = EnvSpec(observation=ArraySpec((4,), np.float32), action=DiscreteSpec(
 CATCH = EnvSpec(observation=ArraySpec((10, 5), np.float32), action=DiscreteSpec(3))
 
 
-def _kernel_shapes(config, spec):
-    params = jax.eval_shape(lambda k: agents.make(config, spec).init(k, spec),
-                            jax.random.PRNGKey(0)).params
-    return sorted(tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-                  if "kernel" in str(path))
-
-
 @pytest.mark.parametrize("spec, first, second", [
     (MINATAR, (400, 256), (256, 256)),  # a board read flattened: 2 x 256
     (CARTPOLE, (4, 64), (64, 64)),      # a vector: 2 x 64
@@ -29,14 +23,14 @@ def _kernel_shapes(config, spec):
 def test_vtrace_default_width_follows_the_observations(spec, first, second):
     config = agents.default_config("vtrace")
     assert config.hidden_sizes is None
-    shapes = _kernel_shapes(config, spec)
+    shapes = kernel_shapes(config, spec)
     assert first in shapes and second in shapes, shapes
 
 
 def test_vtrace_hidden_sizes_set_by_hand_apply_to_boards_too():
     config = agents.default_config("vtrace")
     config.hidden_sizes = (32,)
-    shapes = _kernel_shapes(config, MINATAR)
+    shapes = kernel_shapes(config, MINATAR)
     assert (400, 32) in shapes and (400, 256) not in shapes, shapes
 
 
@@ -59,7 +53,7 @@ def test_bad_hidden_sizes_name_the_field(agent, bad):
 def test_ppo_default_width_follows_the_observations(spec, first, second):
     config = agents.default_config("ppo")
     assert config.hidden_sizes is None and config.activation is None
-    shapes = _kernel_shapes(config, spec)
+    shapes = kernel_shapes(config, spec)
     # Separate policy and value MLPs: each layer shape twice.
     assert shapes.count(first) == 2 and shapes.count(second) == 2, shapes
 
@@ -94,7 +88,7 @@ def test_ppo_activation_and_sizes_set_by_hand_apply_to_boards_too():
     from agents.ppo import networks
     config = agents.default_config("ppo")
     config.hidden_sizes, config.activation = (32,), "tanh"
-    assert (400, 32) in _kernel_shapes(config, MINATAR)
+    assert (400, 32) in kernel_shapes(config, MINATAR)
     network = networks.make_network(config, MINATAR)
     x = jax.random.uniform(jax.random.PRNGKey(1), (8,) + MINATAR.observation.shape)
     params = network.init(jax.random.PRNGKey(0), x)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import mctx
 import numpy as np
 import pytest
+from conftest import kernel_shapes
 
 import agents
 import anakin
@@ -202,13 +203,6 @@ def test_auto_reads_small_boards_with_the_mlp_and_atari_frames_with_the_resnet(a
     assert any("Dense" in name for name in names)
 
 
-def _kernel_shapes(config, spec):
-    params = jax.eval_shape(lambda k: agents.make(config, spec).init(k, spec),
-                            jax.random.PRNGKey(0)).params
-    return sorted(tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-                  if "kernel" in str(path))
-
-
 @pytest.mark.parametrize("agent", ["muzero", "efficientzero"])
 @pytest.mark.parametrize("spec, widths", [
     # A board read flattened (400 inputs): hidden layers and latent 128.
@@ -222,7 +216,7 @@ def _kernel_shapes(config, spec):
 def test_default_mlp_width_follows_the_observations(agent, spec, widths):
     config = agents.default_config(agent)
     assert config.hidden_sizes is None and config.latent_size is None
-    shapes = _kernel_shapes(config, spec)
+    shapes = kernel_shapes(config, spec)
     # Representation: inputs -> hidden -> latent; dynamics: latent + one-hot action -> hidden.
     assert all(shape in shapes for shape in widths), shapes
     inputs, width = widths[0]
@@ -233,7 +227,7 @@ def test_widths_set_by_hand_apply_to_boards_and_the_resnet_heads_keep_64():
     minatar = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(3))
     config = muzero.default_config()
     config.hidden_sizes, config.latent_size = (32,), 16
-    shapes = _kernel_shapes(config, minatar)
+    shapes = kernel_shapes(config, minatar)
     assert (400, 32) in shapes and (32, 16) in shapes and (400, 128) not in shapes, shapes
     # Atari frames get the resnet: its heads' hidden layer stays 64 wide.
     atari = EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8), action=DiscreteSpec(6))
