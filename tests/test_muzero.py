@@ -250,6 +250,29 @@ def test_parameter_count_of_the_default_board_network():
     assert parameter_count(agent, minatar) == 68_352 + 34_176 + 19_221 + 17_157 + 19_221
 
 
+def test_parameter_count_of_the_conv_mlp_board_network():
+    """`network="conv_mlp"`: a 3x3 convolution with 32 filters (the default `channels`, with
+    biases, "SAME" padding, stride 1) turns the 10x10x4 board into 10x10x32 = 3,200 features
+    that the representation MLP reads flattened; every other layer is the MLP network's above.
+      convolution     3*3*4*32+32                                 =   1,184
+      representation  3200*128+128 + 256 + 128*128+128 + 256      = 426,752
+      dynamics, reward, policy and value heads as above: 34,176 + 19,221 + 17,157 + 19,221
+    """
+    minatar = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(5))
+    config = muzero.default_config()
+    config.network = "conv_mlp"
+    agent = agents.make(config, minatar)
+    assert parameter_count(agent, minatar) == (1_184 + 426_752 + 34_176 + 19_221 + 17_157
+                                               + 19_221)
+
+
+def test_unknown_network_names_the_field():
+    config = muzero.default_config()
+    config.network = "transformer"
+    with pytest.raises(ConfigError, match="agent.network.*'conv_mlp'"):
+        agents.make(config, SPEC)
+
+
 @pytest.mark.parametrize("field, bad", [("hidden_sizes", ()), ("hidden_sizes", (64, 0)),
                                         ("latent_size", 0), ("latent_size", 64.5)])
 def test_bad_widths_name_the_field(field, bad):

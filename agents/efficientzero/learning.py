@@ -31,6 +31,7 @@ import optax
 from agents.efficientzero import search as ez_search
 from agents.efficientzero.networks import EfficientZeroNetwork, initial_carry, reset_carry
 from agents.muzero import learning as mz
+from agents.muzero.networks import VECTOR_LATENT
 from agents.muzero import losses as mz_losses
 from agents.muzero import targets as tgt
 from agents.muzero.search import value_to_scalar
@@ -255,7 +256,7 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
     observations = mz.observations_at(windows, history + steps, history=history)
     # Shifts are a prior for convolutions over real images; an MLP reading a small grid
     # (MinAtar's 10x10) would see a different input for the same state.
-    if learn.augment and observations.ndim == 5 and network.muzero.kind != "mlp":
+    if learn.augment and observations.ndim == 5 and network.muzero.kind not in VECTOR_LATENT:
         observations = augment_unroll(observations, augment_key, shift=learn.augment_shift,
                                       intensity=learn.augment_intensity,
                                       draws=learn.augment_draws)

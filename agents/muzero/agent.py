@@ -24,7 +24,7 @@ from agents.actor_critic import validate_hidden_sizes
 from agents.hparams import replace_hparams
 from agents.muzero import learning
 from agents.muzero.learning import LearnConfig, LearnerState
-from agents.muzero.networks import MuZeroNetwork, make_network
+from agents.muzero.networks import KINDS, MuZeroNetwork, make_network
 from agents.muzero.search import Q_TRANSFORMS, UNVISITED_Q, SearchConfig, run_search
 from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
@@ -48,14 +48,16 @@ def default_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.name = "muzero"
     # Networks.
-    # "auto" | "mlp" | "resnet" | "ez_resnet". "auto": the resnet for images of at least 36 x 36
-    # pixels (Atari's frames), the MLP for vectors and small boards (MinAtar's 10 x 10).
+    # "auto" | "mlp" | "conv_mlp" | "resnet" | "ez_resnet". "conv_mlp": one 3 x 3 convolution
+    # (stride 1, `channels` filters) before the representation MLP. "auto": the resnet for
+    # images of at least 36 x 36 pixels (Atari's frames), the MLP for vectors and small boards
+    # (MinAtar's 10 x 10).
     c.network = "auto"
     # The MLP latent width, and the hidden layers of the MLP nets and of every head. None: 128
     # for boards the MLP reads flattened (MinAtar's), 64 otherwise (`networks.mlp_widths`).
     c.latent_size = None
     c.hidden_sizes = None
-    c.channels = 32  # resnet latent channels
+    c.channels = 32  # the resnet's latent channels; conv_mlp's filters
     c.num_blocks = 2  # resnet blocks in each of h, g and f
     c.support_size = 10  # categorical value/reward support: integers in [-S, S] after h(x)
     # Search.
@@ -280,7 +282,7 @@ def check_choices(config: ml_collections.ConfigDict, choices: dict[str, tuple]) 
 
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first MuZero choice field with an unknown value."""
-    check_choices(config, {"q_transform": Q_TRANSFORMS, "unvisited_q": UNVISITED_Q,
+    check_choices(config, {"network": ("auto", *KINDS), "q_transform": Q_TRANSFORMS, "unvisited_q": UNVISITED_Q,
                            "past_end_targets": PAST_END_TARGETS,
                            "reanalyse_value": ("target_network", "root")})
     validate_hidden_sizes(config.hidden_sizes)

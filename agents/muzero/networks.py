@@ -55,6 +55,11 @@ class _ResBlock(nn.Module):
         return nn.relu(x + y)
 
 
+# The kinds whose latent is a vector, built by an MLP (the others' are [H, W, C] feature maps).
+VECTOR_LATENT = ("mlp", "conv_mlp")
+KINDS = ("mlp", "conv_mlp", "resnet", "ez_resnet")
+
+
 class MuZeroNetwork(nn.Module):
     """`h(obs) -> latent`, `g(latent, action) -> (reward_logits, latent')` and
     `f(latent) -> (policy_logits, value_logits)`; call the methods through `apply(...,
@@ -62,14 +67,18 @@ class MuZeroNetwork(nn.Module):
 
     num_actions: int
     num_bins: int  # bins of the categorical reward and value supports
-    kind: str = "mlp"  # "mlp" | "resnet" | "ez_resnet" (EfficientZero's Atari down-sampling)
+    # "mlp" | "conv_mlp" (one 3x3 convolution, then the MLP) | "resnet" | "ez_resnet"
+    # (EfficientZero's Atari down-sampling)
+    kind: str = "mlp"
     latent_size: int = 64  # MLP latent width
     hidden_sizes: Sequence[int] = (64,)
     channels: int = 32  # conv latent channels
     num_blocks: int = 2  # residual blocks in each of h, g and f
 
     def setup(self):
-        if self.kind == "mlp":
+        if self.kind in VECTOR_LATENT:
+            if self.kind == "conv_mlp":
+                self.repr_conv = Conv(self.channels, (3, 3))
             self.repr_net = MLP((*self.hidden_sizes, self.latent_size))
             self.dyn_net = MLP((*self.hidden_sizes, self.latent_size))
         else:
@@ -95,7 +104,9 @@ class MuZeroNetwork(nn.Module):
 
     def represent(self, observation: Array) -> Array:
         x = _as_float(observation)
-        if self.kind == "mlp":
+        if self.kind == "conv_mlp":
+            x = nn.relu(self.repr_conv(x))
+        if self.kind in VECTOR_LATENT:
             return normalise_latent(self.repr_net(x.reshape(x.shape[0], -1)))
         if self.kind == "ez_resnet":
             x = self.down_blocks[0](nn.relu(self.repr_down[0](x)))
@@ -112,7 +123,7 @@ class MuZeroNetwork(nn.Module):
 
     def dynamics(self, latent: Array, action: Array) -> tuple[Array, Array]:
         one_hot = jax.nn.one_hot(action, self.num_actions)
-        if self.kind == "mlp":
+        if self.kind in VECTOR_LATENT:
             x = self.dyn_net(jnp.concatenate([latent, one_hot], axis=-1))
         else:
             planes = jnp.broadcast_to(one_hot[:, None, None, :],
@@ -125,7 +136,7 @@ class MuZeroNetwork(nn.Module):
 
     def predict(self, latent: Array) -> tuple[Array, Array]:
         x = latent
-        if self.kind != "mlp":
+        if self.kind not in VECTOR_LATENT:
             for block in self.pred_blocks:
                 x = block(x)
         x = x.reshape(x.shape[0], -1)
@@ -178,7 +189,7 @@ def mlp_widths(config: ml_collections.ConfigDict, env_spec: EnvSpec
                ) -> tuple[tuple[int, ...], int]:
     """(hidden_sizes, latent_size): the config's where set, else the default for `env_spec`'s
     observations (above)."""
-    board = (resolve_network(config.network, env_spec) == "mlp"
+    board = (resolve_network(config.network, env_spec) in VECTOR_LATENT
              and len(env_spec.observation.shape) == 3)
     width = BOARD_WIDTH if board else DEFAULT_WIDTH
     hidden = ((width,) if config.hidden_sizes is None
@@ -188,9 +199,9 @@ def mlp_widths(config: ml_collections.ConfigDict, env_spec: EnvSpec
 
 def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> MuZeroNetwork:
     kind = resolve_network(config.network, env_spec)
-    if kind not in ("mlp", "resnet", "ez_resnet"):
-        raise ValueError(f"agent.network={config.network!r}: use 'auto', 'mlp', 'resnet' or "
-                         "'ez_resnet'.")
+    if kind not in KINDS:
+        raise ValueError(f"agent.network={config.network!r}: use 'auto', 'mlp', 'conv_mlp', "
+                         "'resnet' or 'ez_resnet'.")
     hidden_sizes, latent_size = mlp_widths(config, env_spec)
     return MuZeroNetwork(
         num_actions=env_spec.action.num_values,
