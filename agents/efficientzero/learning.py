@@ -31,9 +31,9 @@ import optax
 from agents.efficientzero import search as ez_search
 from agents.efficientzero.networks import EfficientZeroNetwork, initial_carry, reset_carry
 from agents.muzero import learning as mz
-from agents.muzero.networks import VECTOR_LATENT
 from agents.muzero import losses as mz_losses
 from agents.muzero import targets as tgt
+from agents.muzero.networks import VECTOR_LATENT
 from agents.muzero.search import value_to_scalar
 from podracer import position_replay as pr
 from podracer.types import Array, Metrics, Params, PRNGKey, StepType, Trajectory
