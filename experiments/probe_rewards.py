@@ -17,6 +17,14 @@ is not LAST, and prints:
               second run's transitions (held out; with one run, the second half of its
               windows): whether the network can generalise the reward from that much data.
 
+  terminal    with --decisive_states=N: N states that a uniformly random policy visits in
+              the run's environment where some actions end the episode (a true terminal)
+              and some do not, each action's outcome found by stepping a copy of the state.
+              For each run: the share of them where the action with the highest one-step
+              model value Q = r_hat + gamma v(g(h(o), a)) survives, against the share of
+              surviving actions (a uniform choice), and the mean Q of the surviving actions
+              minus that of the fatal ones (0: the model does not tell them apart).
+
 A reward that the trained model misses but a fit on the same data finds points at the joint
 training; one that no fit generalises points at the network (or at too few rewarded
 transitions).
@@ -38,8 +46,9 @@ import envs_jax
 from agents.muzero import targets as tgt
 from agents.muzero.networks import make_network
 from agents.muzero.search import value_to_scalar
+from envs_jax.wrappers import AutoReset
 from podracer import checkpoint
-from podracer.types import EnvSpec, StepType
+from podracer.types import Array, EnvSpec, StepType
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "An Anakin workdir of MuZero or EfficientZero.")
 _NETWORKS = flags.DEFINE_list("networks", ["mlp", "conv_mlp"],
@@ -47,6 +56,7 @@ _NETWORKS = flags.DEFINE_list("networks", ["mlp", "conv_mlp"],
 _UPDATES = flags.DEFINE_integer("fit_updates", 4000, "Adam updates of each fit.")
 _BATCH = flags.DEFINE_integer("fit_batch", 256, "Transitions per fit update.")
 _LR = flags.DEFINE_float("fit_learning_rate", 3e-3, "Adam's step size in the fits.")
+_DECISIVE = flags.DEFINE_integer("decisive_states", 0, "States for the terminal probe (0: none).")
 
 
 def transitions(items: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -114,6 +124,62 @@ def fit_reward(network, support_size: int, train: tuple, *, updates: int, batch:
     return params
 
 
+def decisive_states(env, key, *, num_envs: int = 64, steps: int = 200
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(o [N, ...], fatal [N, A] bool) of the states that a uniformly random policy visits in
+    `num_envs` copies of `env` (an `envs_jax` environment, reset automatically) over `steps`
+    steps, kept where some but not all actions lead to a true terminal (LAST with discount
+    0) from the state itself: each action is stepped from a copy of the state, so with the
+    state's own randomness."""
+    env = AutoReset(env)
+    num_actions = env.action_spec().num_values
+    reset_key, key = jax.random.split(key)
+    state, timestep = jax.vmap(env.reset)(jax.random.split(reset_key, num_envs))
+
+    def outcomes(one_state):
+        def fatal(action):
+            _, next_timestep = env.step(one_state, action)
+            return (next_timestep.step_type == StepType.LAST) & (next_timestep.discount == 0)
+        return jax.vmap(fatal)(jnp.arange(num_actions))
+
+    def step(carry, step_key):
+        state, timestep = carry
+        action = jax.random.randint(step_key, (num_envs,), 0, num_actions)
+        fatal = jax.vmap(outcomes)(state)
+        alive = timestep.step_type != StepType.LAST
+        return jax.vmap(env.step)(state, action), (timestep.observation, fatal, alive)
+
+    _, (observation, fatal, alive) = jax.lax.scan(jax.jit(step), (state, timestep),
+                                                  jax.random.split(key, steps))
+    observation, fatal, alive = (np.asarray(x).reshape((-1,) + x.shape[2:])
+                                 for x in (observation, fatal, alive))
+    keep = alive & fatal.any(axis=1) & ~fatal.all(axis=1)
+    return observation[keep], fatal[keep]
+
+
+def one_step_q(network, params, observation, support_size: int, discount: float) -> Array:
+    """[N, A] the model's Q = r_hat + gamma v(g(h(o), a)) of every action from `observation`
+    [N, ...]."""
+    latent = network.apply(params, observation, method="represent")
+
+    def q(action):
+        reward_logits, next_latent = network.apply(
+            params, latent, jnp.full(latent.shape[:1], action, jnp.int32), method="dynamics")
+        _, value_logits = network.apply(params, next_latent, method="predict")
+        return (value_to_scalar(reward_logits, support_size)
+                + discount * value_to_scalar(value_logits, support_size))
+
+    return jax.vmap(q, out_axes=1)(jnp.arange(network.num_actions))
+
+
+def terminal_summary(q: np.ndarray, fatal: np.ndarray) -> str:
+    """The terminal probe's line (module docstring) for Q [N, A] on decisive states."""
+    picked_safe = ~fatal[np.arange(len(q)), q.argmax(axis=1)]
+    gap = np.mean([q[i][~fatal[i]].mean() - q[i][fatal[i]].mean() for i in range(len(q))])
+    return (f"argmax Q survives in {picked_safe.mean():.3f} of {len(q):,} decisive states "
+            f"(a uniform choice: {np.mean(~fatal):.3f}); Q(surviving) - Q(fatal) {gap:+.4f}")
+
+
 def main(argv):
     del argv
     workdir = _WORKDIR.value
@@ -146,6 +212,15 @@ def main(argv):
         half = len(data[0][2]) // 2
         train = tuple(x[:half] for x in data[0])
         held_out = tuple(x[half:] for x in data[0])
+    if _DECISIVE.value:
+        observation, fatal = decisive_states(env, jax.random.PRNGKey(0))
+        observation, fatal = observation[:_DECISIVE.value], fatal[:_DECISIVE.value]
+        q_fn = jax.jit(lambda p, o: one_step_q(network, p, o, support,
+                                               float(agent_config.discount)))
+        for r in range(runs):
+            run_params = {"params": jax.tree.map(lambda x, r=r: jnp.asarray(x[0, r]), params)}
+            print(f"terminal run {r}: "
+                  f"{terminal_summary(np.asarray(q_fn(run_params, observation)), fatal)}")
     for kind in _NETWORKS.value:
         config_k = ml_collections.ConfigDict(config["agent"])
         config_k.network = kind

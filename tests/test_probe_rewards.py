@@ -1,12 +1,16 @@
 """`experiments.probe_rewards`: the transitions it reads from replay windows, and its reward fit."""
 
+import chex
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from agents import muzero
 from agents.muzero.networks import make_network
+from envs_jax.base import Environment
 from experiments import probe_rewards
-from podracer.types import ArraySpec, DiscreteSpec, EnvSpec
+from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, TimeStep
 
 FIRST, MID, LAST = 0, 1, 2
 
@@ -43,3 +47,65 @@ def test_the_fit_learns_a_reward_that_depends_on_the_action():
     r_hat = probe_rewards.reward_fn(network, config.support_size)(params, observation, action)
     assert r_hat[reward > 0].mean() > 0.8 and r_hat[reward == 0].mean() < 0.1
     assert "recall@0.5 1.000" in probe_rewards.summary(r_hat, reward)
+
+
+@chex.dataclass(frozen=True)
+class _LedgeState:
+    position: jax.Array  # [] int32
+
+
+class _Ledge(Environment):
+    """Five cells in a row; action 0 steps left, 1 right. Stepping left off cell 0 or right
+    off cell 4 falls (a true terminal); a reset puts the walker on a random cell."""
+
+    def _timestep(self, position, step_type, discount):
+        return TimeStep(step_type=jnp.asarray(step_type, jnp.int32),
+                        reward=jnp.zeros((), jnp.float32),
+                        discount=jnp.asarray(discount, jnp.float32),
+                        observation=jax.nn.one_hot(position, 5))
+
+    def reset(self, key):
+        position = jax.random.randint(key, (), 0, 5)
+        return _LedgeState(position=position), self._timestep(position, FIRST, 1.0)
+
+    def step(self, state, action):
+        position = state.position + 2 * action - 1
+        fell = (position < 0) | (position > 4)
+        position = jnp.clip(position, 0, 4)
+        return (_LedgeState(position=position),
+                self._timestep(position, jnp.where(fell, LAST, MID), jnp.where(fell, 0.0, 1.0)))
+
+    def observation_spec(self):
+        return ArraySpec((5,), np.float32)
+
+    def action_spec(self):
+        return DiscreteSpec(2)
+
+
+def test_decisive_states_are_those_where_some_action_ends_the_episode():
+    observation, fatal = probe_rewards.decisive_states(_Ledge(), jax.random.PRNGKey(0),
+                                                       num_envs=8, steps=50)
+    position = observation.argmax(axis=1)
+    # Only the two edge cells are decisive: left falls from cell 0, right from cell 4.
+    assert set(position.tolist()) == {0, 4}
+    np.testing.assert_array_equal(fatal[position == 0], [[True, False]] * (position == 0).sum())
+    np.testing.assert_array_equal(fatal[position == 4], [[False, True]] * (position == 4).sum())
+    # A model valuing every action alike does not tell them apart; one valuing the fatal
+    # action below the other always survives.
+    flat = np.zeros(fatal.shape)
+    assert "Q(surviving) - Q(fatal) +0.0000" in probe_rewards.terminal_summary(flat, fatal)
+    knows = np.where(fatal, -1.0, 0.5)
+    line = probe_rewards.terminal_summary(knows, fatal)
+    assert "survives in 1.000" in line and "(a uniform choice: 0.500)" in line
+    assert "Q(surviving) - Q(fatal) +1.5000" in line
+
+
+def test_one_step_q_of_a_fresh_network_is_zero_for_every_action():
+    # MuZero's heads start at zero (a value and reward distribution on bin 0): Q = 0 + g * 0.
+    config = muzero.default_config()
+    spec = EnvSpec(observation=ArraySpec((5,), np.float32), action=DiscreteSpec(2))
+    network = make_network(config, spec)
+    observation = np.eye(5, dtype=np.float32)
+    params = network.init(jax.random.PRNGKey(0), observation[:1], np.zeros(1, np.int32))
+    q = probe_rewards.one_step_q(network, params, observation, config.support_size, 0.97)
+    np.testing.assert_allclose(q, np.zeros((5, 2)), atol=1e-6)
