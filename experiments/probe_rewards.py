@@ -23,7 +23,8 @@ is not LAST, and prints:
               For each run: the share of them where the action with the highest one-step
               model value Q = r_hat + gamma v(g(h(o), a)) survives, against the share of
               surviving actions (a uniform choice), and the mean Q of the surviving actions
-              minus that of the fatal ones (0: the model does not tell them apart).
+              minus that of the fatal ones (0: the model does not tell them apart), and the
+              mean value v(h(o)) of those states (what a death costs, roughly).
 
 A reward that the trained model misses but a fit on the same data finds points at the joint
 training; one that no fit generalises points at the network (or at too few rewarded
@@ -217,10 +218,13 @@ def main(argv):
         observation, fatal = observation[:_DECISIVE.value], fatal[:_DECISIVE.value]
         q_fn = jax.jit(lambda p, o: one_step_q(network, p, o, support,
                                                float(agent_config.discount)))
+        v_fn = jax.jit(lambda p, o: value_to_scalar(network.apply(
+            p, network.apply(p, o, method="represent"), method="predict")[1], support))
         for r in range(runs):
             run_params = {"params": jax.tree.map(lambda x, r=r: jnp.asarray(x[0, r]), params)}
             print(f"terminal run {r}: "
-                  f"{terminal_summary(np.asarray(q_fn(run_params, observation)), fatal)}")
+                  f"{terminal_summary(np.asarray(q_fn(run_params, observation)), fatal)}; "
+                  f"mean v(h(o)) {float(np.mean(v_fn(run_params, observation))):.3f}")
     for kind in _NETWORKS.value:
         config_k = ml_collections.ConfigDict(config["agent"])
         config_k.network = kind
