@@ -1,5 +1,5 @@
-"""Does a MuZero or EfficientZero run's learnt model predict the rewards in its own replay, and
-could its network have learnt them from that data?
+"""Does a MuZero run's learnt model predict the rewards in its own replay, and could its
+network have learnt them from that data?
 
     python -m experiments.probe_rewards --workdir=/tmp/mz_asterix [--networks=mlp,conv_mlp]
 
@@ -51,7 +51,7 @@ from envs_jax.wrappers import AutoReset
 from podracer import checkpoint
 from podracer.types import Array, EnvSpec, StepType
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "An Anakin workdir of MuZero or EfficientZero.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "An Anakin workdir of a MuZero run.")
 _NETWORKS = flags.DEFINE_list("networks", ["mlp", "conv_mlp"],
                               "`agent.network` values to fit the reward with.")
 _UPDATES = flags.DEFINE_integer("fit_updates", 4000, "Adam updates of each fit.")
@@ -187,6 +187,9 @@ def main(argv):
     with open(os.path.join(workdir, "config.json")) as f:
         config = json.load(f)
     agent_config = ml_collections.ConfigDict(config["agent"])
+    if agent_config.name != "muzero":
+        raise SystemExit(f"{workdir} is a run of {agent_config.name!r}; this probe reads "
+                         "MuZero's one-step reward (EfficientZero predicts value prefixes).")
     env = envs_jax.make(config["env"]["name"], **config["env"].get("kwargs", {}))
     env_spec = EnvSpec(observation=env.observation_spec(), action=env.action_spec())
     state, metadata = checkpoint.load_arrays(os.path.join(workdir, "checkpoints"))
@@ -195,8 +198,6 @@ def main(argv):
     if "observation" not in items:
         raise SystemExit("This probe reads whole observations; the replay stores frames once.")
     params = learner["params"]["params"]
-    if "model" in params:  # EfficientZero: h, g and f are its `model`
-        params = params["model"]
     runs = jax.tree.leaves(items)[0].shape[1]
     support = int(agent_config.support_size)
     network = make_network(agent_config, env_spec)
