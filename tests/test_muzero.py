@@ -266,6 +266,15 @@ def test_parameter_count_of_the_conv_mlp_board_network():
                                                + 19_221)
 
 
+@pytest.mark.parametrize("network", ["conv_mlp", "resnet"])
+def test_convolutional_networks_on_vector_observations_name_the_field(network):
+    # SPEC's observations are Catch's 10 x 5 board, with no channel axis for a convolution.
+    config = muzero.default_config()
+    config.network = network
+    with pytest.raises(ConfigError, match="agent.network.*images"):
+        agents.make(config, SPEC)
+
+
 def test_unknown_network_names_the_field():
     config = muzero.default_config()
     config.network = "transformer"

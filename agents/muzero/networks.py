@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from agents.layers import Conv
+from podracer.config import ConfigError
 from podracer.types import Array, EnvSpec
 
 
@@ -202,6 +203,11 @@ def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> MuZero
     if kind not in KINDS:
         raise ValueError(f"agent.network={config.network!r}: use 'auto', 'mlp', 'conv_mlp', "
                          "'resnet' or 'ez_resnet'.")
+    shape = tuple(env_spec.observation.shape)
+    if kind != "mlp" and len(shape) != 3:
+        raise ConfigError("agent.network", f"is {kind!r}, whose convolutions read images "
+                          f"[H, W, C], but the observations are {shape}",
+                          "use 'mlp' (or 'auto') for these observations")
     hidden_sizes, latent_size = mlp_widths(config, env_spec)
     return MuZeroNetwork(
         num_actions=env_spec.action.num_values,
