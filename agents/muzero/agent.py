@@ -282,8 +282,8 @@ def check_choices(config: ml_collections.ConfigDict, choices: dict[str, tuple]) 
 
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first MuZero choice field with an unknown value."""
-    check_choices(config, {"network": ("auto", *KINDS), "q_transform": Q_TRANSFORMS, "unvisited_q": UNVISITED_Q,
-                           "past_end_targets": PAST_END_TARGETS,
+    check_choices(config, {"network": ("auto", *KINDS), "q_transform": Q_TRANSFORMS,
+                           "unvisited_q": UNVISITED_Q, "past_end_targets": PAST_END_TARGETS,
                            "reanalyse_value": ("target_network", "root")})
     validate_hidden_sizes(config.hidden_sizes)
     latent = config.latent_size
