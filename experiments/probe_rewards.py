@@ -15,10 +15,9 @@ is not LAST, and prints:
               head, the run's widths) trained from scratch on the first run's transitions
               alone (cross-entropy on the agent's support, Adam), then measured on the
               second run's transitions (held out; with one run, the second half of its
-              windows): whether the network can generalise the reward from that much data.
-
-  terminal    with --decisive_states=N: N states that a uniformly random policy visits in
-              the run's environment where some actions end the episode (a true terminal)
+              windows): whether the network can generalise the reward from that much data;
+  terminal    with --decisive_states=N: up to N states that a uniformly random policy visits
+              (64 environments, 200 steps) in the run's environment where some actions end the episode (a true terminal)
               and some do not, each action's outcome found by stepping a copy of the state.
               For each run: the share of them where the action with the highest one-step
               model value Q = r_hat + gamma v(g(h(o), a)) survives, against the share of
