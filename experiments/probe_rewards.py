@@ -203,10 +203,11 @@ def main(argv):
     print(f"{config['env']['name']}, {agent_config.name} ({network.kind}), "
           f"{metadata['env_steps']:,} steps, {runs} run(s)")
     data = [transitions(jax.tree.map(lambda x, r=r: x[0, r], items)) for r in range(runs)]
+    run_params = [{"params": jax.tree.map(lambda x, r=r: jnp.asarray(x[0, r]), params)}
+                  for r in range(runs)]
     predict = reward_fn(network, support)
     for r in range(runs):
-        run_params = {"params": jax.tree.map(lambda x, r=r: jnp.asarray(x[0, r]), params)}
-        print(f"trained run {r}: {summary(predict(run_params, *data[r][:2]), data[r][2])}")
+        print(f"trained run {r}: {summary(predict(run_params[r], *data[r][:2]), data[r][2])}")
     if runs > 1:
         train, held_out = data[0], data[1]
     else:
@@ -221,10 +222,9 @@ def main(argv):
         v_fn = jax.jit(lambda p, o: value_to_scalar(network.apply(
             p, network.apply(p, o, method="represent"), method="predict")[1], support))
         for r in range(runs):
-            run_params = {"params": jax.tree.map(lambda x, r=r: jnp.asarray(x[0, r]), params)}
             print(f"terminal run {r}: "
-                  f"{terminal_summary(np.asarray(q_fn(run_params, observation)), fatal)}; "
-                  f"mean v(h(o)) {float(np.mean(v_fn(run_params, observation))):.3f}")
+                  f"{terminal_summary(np.asarray(q_fn(run_params[r], observation)), fatal)}; "
+                  f"mean v(h(o)) {float(np.mean(v_fn(run_params[r], observation))):.3f}")
     for kind in _NETWORKS.value:
         config_k = ml_collections.ConfigDict(config["agent"])
         config_k.network = kind

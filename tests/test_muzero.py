@@ -267,7 +267,7 @@ def test_parameter_count_of_the_conv_mlp_board_network():
 
 
 @pytest.mark.parametrize("network", ["conv_mlp", "resnet"])
-def test_convolutional_networks_on_vector_observations_name_the_field(network):
+def test_convolutional_networks_on_boards_without_channels_name_the_field(network):
     # SPEC's observations are Catch's 10 x 5 board, with no channel axis for a convolution.
     config = muzero.default_config()
     config.network = network
