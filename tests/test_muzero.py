@@ -184,30 +184,40 @@ def test_shipped_muzero_configs_are_valid():
 
 
 @pytest.mark.parametrize("agent", ["muzero", "efficientzero"])
-def test_auto_reads_small_boards_with_the_mlp_and_atari_frames_with_the_resnet(agent):
+def test_auto_reads_small_boards_with_one_convolution_and_atari_frames_with_the_resnet(agent):
     minatar = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(3))
     atari = EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8), action=DiscreteSpec(6))
+    vector = EnvSpec(observation=ArraySpec((4,), np.float32), action=DiscreteSpec(2))
     config = agents.default_config(agent)
     assert config.network == "auto"
-    assert muzero_networks.resolve_network("auto", minatar) == "mlp"
+    assert muzero_networks.resolve_network("auto", minatar) == "conv_mlp"
     assert muzero_networks.resolve_network("auto", atari) == "resnet"
+    # Catch's 10 x 5 board has no channel axis to convolve over: the MLP, as for vectors.
     assert muzero_networks.resolve_network("auto", SPEC) == "mlp"
+    assert muzero_networks.resolve_network("auto", vector) == "mlp"
     assert muzero_networks.resolve_network("resnet", minatar) == "resnet"
+    assert muzero_networks.resolve_network("mlp", minatar) == "mlp"
     # One threshold for every agent's "auto": the actor-critic torsos' by its receptive field.
     assert muzero_networks.MIN_RESNET_SIDE == vtrace_networks.conv_min_size()
-    # The default config on MinAtar's boards builds the MLP (no convolution parameters).
-    params = jax.eval_shape(lambda k: agents.make(config, minatar).init(k, minatar),
-                            jax.random.PRNGKey(0)).params
-    names = {str(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
-    assert not any("Conv" in name for name in names), sorted(names)[:5]
-    assert any("Dense" in name for name in names)
+    # The default config on MinAtar's boards builds one 3 x 3 convolution (4 channels in, 32
+    # filters) before Dense layers; on Catch's board none.
+    def kernels(spec):
+        params = jax.eval_shape(lambda k: agents.make(config, spec).init(k, spec),
+                                jax.random.PRNGKey(0)).params
+        return {str(path): leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                if "kernel" in str(path)}
+    board = kernels(minatar)
+    assert [shape for shape in board.values() if len(shape) == 4] == [(3, 3, 4, 32)], board
+    assert (3200, 128) in board.values(), board
+    assert all(len(shape) == 2 for shape in kernels(SPEC).values())
 
 
 @pytest.mark.parametrize("agent", ["muzero", "efficientzero"])
 @pytest.mark.parametrize("spec, widths", [
-    # A board read flattened (400 inputs): hidden layers and latent 128.
+    # A board (by default its 10 x 10 x 32 convolution's 3,200 features, read flattened):
+    # hidden layers and latent 128.
     (EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(3)),
-     [(400, 128), (128, 128), (128 + 3, 128)]),
+     [(3200, 128), (128, 128), (128 + 3, 128)]),
     # A 2-D array (50 inputs) and a vector: 64, as before.
     (SPEC, [(50, 64), (64, 64), (64 + 3, 64)]),
     (EnvSpec(observation=ArraySpec((4,), np.float32), action=DiscreteSpec(2)),
@@ -228,6 +238,9 @@ def test_widths_set_by_hand_apply_to_boards_and_the_resnet_heads_keep_64():
     config = muzero.default_config()
     config.hidden_sizes, config.latent_size = (32,), 16
     shapes = kernel_shapes(config, minatar)
+    assert (3200, 32) in shapes and (32, 16) in shapes and (3200, 128) not in shapes, shapes
+    config.network = "mlp"
+    shapes = kernel_shapes(config, minatar)
     assert (400, 32) in shapes and (32, 16) in shapes and (400, 128) not in shapes, shapes
     # Atari frames get the resnet: its heads' hidden layer stays 64 wide.
     atari = EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8), action=DiscreteSpec(6))
@@ -235,9 +248,10 @@ def test_widths_set_by_hand_apply_to_boards_and_the_resnet_heads_keep_64():
     assert hidden == (64,)
 
 
-def test_parameter_count_of_the_default_board_network():
-    """`podracer.agent.parameter_count` on a MinAtar-sized board (400 inputs, 5 actions), by
-    hand from the default widths (128) and the 21-bin supports (support_size 10). Each Dense
+def test_parameter_count_of_the_mlp_board_network():
+    """`podracer.agent.parameter_count` on a MinAtar-sized board read flattened by
+    `network="mlp"` (400 inputs, 5 actions), by hand from the default widths (128) and the
+    21-bin supports (support_size 10). Each Dense
     has a bias; each MLP layer a LayerNorm (scale and bias); heads end in zeros, with biases.
       representation  400*128+128 + 256 + 128*128+128 + 256  = 68,352
       dynamics        (128+5)*128+128 + 256 + 128*128+128 + 256 = 34,176
@@ -246,12 +260,15 @@ def test_parameter_count_of_the_default_board_network():
       value head      128*128+128 + 128*21+21                = 19,221
     """
     minatar = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(5))
-    agent = agents.make(muzero.default_config(), minatar)
+    config = muzero.default_config()
+    config.network = "mlp"
+    agent = agents.make(config, minatar)
     assert parameter_count(agent, minatar) == 68_352 + 34_176 + 19_221 + 17_157 + 19_221
 
 
-def test_parameter_count_of_the_conv_mlp_board_network():
-    """`network="conv_mlp"`: a 3x3 convolution with 32 filters (the default `channels`, with
+def test_parameter_count_of_the_default_board_network():
+    """`network="conv_mlp"`, what "auto" picks for MinAtar's boards: a 3x3 convolution with
+    32 filters (the default `channels`, with
     biases, "SAME" padding, stride 1) turns the 10x10x4 board into 10x10x32 = 3,200 features
     that the representation MLP reads flattened; every other layer is the MLP network's above.
       convolution     3*3*4*32+32                                 =   1,184
@@ -259,9 +276,7 @@ def test_parameter_count_of_the_conv_mlp_board_network():
       dynamics, reward, policy and value heads as above: 34,176 + 19,221 + 17,157 + 19,221
     """
     minatar = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(5))
-    config = muzero.default_config()
-    config.network = "conv_mlp"
-    agent = agents.make(config, minatar)
+    agent = agents.make(muzero.default_config(), minatar)
     assert parameter_count(agent, minatar) == (1_184 + 426_752 + 34_176 + 19_221 + 17_157
                                                + 19_221)
 
@@ -587,6 +602,7 @@ def test_reanalyse_moves_policy_targets_to_the_target_networks_search(reanalyse_
     config.unroll_steps, config.td_steps, config.rollout_length = 1, 1, 3
     config.replay_capacity, config.reanalyse_fraction, config.num_simulations = 12, 1.0, 8
     config.reanalyse_value = reanalyse_value
+    config.q_transform = "parent_and_siblings"  # mctx's own, as the reference search below
     config.hidden_sizes, config.latent_size = (16,), 16
     network = muzero.make_network(config, SPEC)
     params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, 10, 5)), jnp.zeros((1,), jnp.int32))

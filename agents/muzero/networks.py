@@ -1,9 +1,10 @@
 """MuZero's three networks (Schrittwieser et al., 2020): representation h, dynamics g and
 prediction f, with categorical reward and value heads.
 
-Two variants: an MLP for vector (or small board) observations and a residual conv net with
-downsampling for images; `network="auto"` picks the residual net for images of at least
-36 x 36 pixels and the MLP otherwise (`resolve_network`). Latent states are min-max normalised
+Three variants: an MLP for vector observations, the same MLP after one 3 x 3 convolution for
+small boards, and a residual conv net with downsampling for images; `network="auto"` picks the
+residual net for images of at least 36 x 36 pixels, the convolution and MLP for smaller
+[H, W, C] boards, and the MLP otherwise (`resolve_network`). Latent states are min-max normalised
 to [0, 1] per example, as in MuZero, so the dynamics' inputs keep one scale however deep the
 unroll goes.
 """
@@ -163,9 +164,11 @@ class Head(nn.Module):
 
 
 # "auto" picks the residual network for images with sides of at least this many pixels (Atari's
-# 84 x 84 and 96 x 96 frames), and the MLP for vectors and small boards (MinAtar's 10 x 10,
-# which the two stride-2 convolutions would leave at 3 x 3). The same threshold as the
-# actor-critic agents' "auto" torso (`agents.vtrace.networks.conv_min_size()`).
+# 84 x 84 and 96 x 96 frames); "conv_mlp" for smaller [H, W, C] boards (MinAtar's 10 x 10,
+# which the two stride-2 convolutions would leave at 3 x 3), whose one 3 x 3 convolution lets
+# the model learn local events such as Asterix's rewards (docs/results.md); the MLP for vectors
+# and boards without channels (Catch's 10 x 5). The same threshold as the actor-critic agents'
+# "auto" torso (`agents.vtrace.networks.conv_min_size()`).
 MIN_RESNET_SIDE = 36
 
 
@@ -174,8 +177,9 @@ def resolve_network(name: str, env_spec: EnvSpec) -> str:
     if name != "auto":
         return name
     shape = tuple(env_spec.observation.shape)
-    large_image = len(shape) == 3 and min(shape[:2]) >= MIN_RESNET_SIDE
-    return "resnet" if large_image else "mlp"
+    if len(shape) != 3:
+        return "mlp"
+    return "resnet" if min(shape[:2]) >= MIN_RESNET_SIDE else "conv_mlp"
 
 
 # The MLP widths when `agent.hidden_sizes` and `agent.latent_size` are None: 128 for boards the

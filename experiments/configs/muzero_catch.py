@@ -39,6 +39,9 @@ def get_config() -> ml_collections.ConfigDict:
     # EfficientZero's value-prefix model from stalling at a training return of 0.8
     # (docs/efficientzero.md); the reference masks those targets ("masked", the default).
     config.agent.past_end_targets = "absorbing"
+    # mctx's Q normalisation, which this config's recorded results were measured with (MuZero's
+    # default is the tree's min-max, "tree_min_max").
+    config.agent.q_transform = "parent_and_siblings"
     config.updates_per_chunk = 25
     config.total_env_steps = 64_000
     config.checkpoint_every_updates = 200  # with a --workdir; 200 updates here, 1,600 in MinAtar

@@ -29,6 +29,8 @@ def get_config() -> ml_collections.ConfigDict:
     # A constant acting temperature, as this config's recorded results were measured with
     # (MuZero's default lowers it after 4,000 and 6,000 updates).
     config.agent.temperature_decay_updates = 0
+    # mctx's Q normalisation, as measured (MuZero's default: "tree_min_max").
+    config.agent.q_transform = "parent_and_siblings"
     config.agent.min_replay_items = 2_560
     config.agent.importance_anneal_updates = 3_200  # the run's learner updates
     config.agent.target_update_interval = 100
