@@ -18,8 +18,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.rollout_length = config.get_ref("rollout_length")
     config.agent.num_simulations = 8
     config.agent.search = "muzero"  # PUCT with Dirichlet noise; "gumbel" also learns Catch
-    config.agent.hidden_sizes = (128,)
-    config.agent.latent_size = 128
+    config.agent.hidden_sizes, config.agent.latent_size = (128,), 128
     config.agent.learning_rate = 3e-3
     config.agent.value_cost = 1.0
     config.agent.batch_size = 256  # positions per update, per device
