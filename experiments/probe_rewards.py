@@ -17,8 +17,9 @@ is not LAST, and prints:
               second run's transitions (held out; with one run, the second half of its
               windows): whether the network can generalise the reward from that much data;
   terminal    with --decisive_states=N: up to N states that a uniformly random policy visits
-              (64 environments, 200 steps) in the run's environment where some actions end the episode (a true terminal)
-              and some do not, each action's outcome found by stepping a copy of the state.
+              (64 environments, 200 steps) in the run's environment where some actions end
+              the episode (a true terminal) and some do not, each action's outcome found by
+              stepping a copy of the state.
               For each run: the share of them where the action with the highest one-step
               model value Q = r_hat + gamma v(g(h(o), a)) survives, against the share of
               surviving actions (a uniform choice), and the mean Q of the surviving actions
@@ -44,7 +45,7 @@ from absl import app, flags
 
 import envs_jax
 from agents.muzero import targets as tgt
-from agents.muzero.networks import make_network
+from agents.muzero.networks import make_network, resolve_network
 from agents.muzero.search import value_to_scalar
 from envs_jax.wrappers import AutoReset
 from podracer import checkpoint
@@ -199,6 +200,11 @@ def main(argv):
     params = learner["params"]["params"]
     runs = jax.tree.leaves(items)[0].shape[1]
     support = int(agent_config.support_size)
+    if agent_config.network == "auto":
+        # What "auto" built depends on the code of the day: MinAtar's boards got the MLP before
+        # 2026-11-27's conv_mlp default. The saved parameters say which it was.
+        agent_config.network = ("conv_mlp" if "repr_conv" in params else
+                                resolve_network("auto", env_spec).replace("conv_mlp", "mlp"))
     network = make_network(agent_config, env_spec)
     print(f"{config['env']['name']}, {agent_config.name} ({network.kind}), "
           f"{metadata['env_steps']:,} steps, {runs} run(s)")
