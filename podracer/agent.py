@@ -9,6 +9,8 @@ learner devices. docs/architecture.md describes the interface and how both runne
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -93,6 +95,18 @@ class Agent(NamedTuple):
     actor_params: ActorParamsFn
     set_hparams: SetHparamsFn | None = None
     sweepable: tuple[str, ...] = ()  # the agent config fields `set_hparams` accepts
+    # What the agent chose for config fields it was left to choose ("auto"), {field: value}.
+    # Runs record these values in place of "auto", so that a later version of the code whose
+    # "auto" chooses otherwise still resumes the run as it was (or says which field differs).
+    chosen: Mapping[str, Any] = MappingProxyType({})
+
+
+def recorded_config(config: dict[str, Any], agent: Agent) -> dict[str, Any]:
+    """`config` (plain data) with the agent's own choices (`Agent.chosen`) in place of
+    "auto": what a run records in config.json and compares on resume."""
+    if not agent.chosen:
+        return config
+    return {**config, "agent": {**config.get("agent", {}), **agent.chosen}}
 
 
 def parameter_count(agent: Agent, env_spec: EnvSpec) -> int:

@@ -155,6 +155,11 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
     layout_lines = _layout_differences(saved_layout, layout) if saved_layout else []
     allow = allowed_changes(config)
     differences = config_differences(metadata.get("config", {}), config, ignore=resumable)
+    # Checkpoints made before runs recorded the agent's own choices (`Agent.chosen`) hold
+    # "auto" where this run holds what "auto" chose: the same run when every array agrees.
+    chosen = {f: b for f, (a, b) in differences.items() if a == "auto" and b != "auto"}
+    if saved_layout and not layout_lines:
+        differences = {f: v for f, v in differences.items() if f not in chosen}
     refused = {f: v for f, v in differences.items() if f not in allow}
     if not shape_lines and not layout_lines and not refused:
         return {f: v for f, v in differences.items() if f in allow}
@@ -171,6 +176,10 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
         if len(layout_lines) > 8:
             lines.append(f"    ... and {len(layout_lines) - 8} more arrays")
     workdir = os.path.dirname(directory)
+    for field, value in chosen.items():
+        lines.append(f"config.{field} was \"auto\" when the checkpoint was made, and this "
+                     f"version of the code chooses {value!r} for it. To resume, pass the "
+                     f"choice the checkpoint was made with: --config.{field}=<its value>.")
     lines.append(f"Nothing in {workdir} was changed. Either rerun with the checkpoint's values "
                  f"(they are in {os.path.join(workdir, 'config.json')}) to resume it, or pass a "
                  "new --workdir to start a new run.")

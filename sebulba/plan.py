@@ -13,7 +13,7 @@ import ml_collections
 
 import agents
 from podracer import metrics as metrics_lib
-from podracer.agent import Agent
+from podracer.agent import Agent, recorded_config
 from podracer.config import run_option
 from sebulba.config import Environment, Topology, validate
 
@@ -100,7 +100,7 @@ def make_plan(config: ml_collections.ConfigDict) -> SebulbaPlan:
     steps_per_update = (num_processes * topology.num_actor_threads
                         * config.envs_per_actor_thread * config.rollout_length)
     return SebulbaPlan(
-        config=metrics_lib.config_to_dict(config),
+        config=recorded_config(metrics_lib.config_to_dict(config), agent),
         seed=config.seed,
         topology=topology,
         actor_devices=tuple(local[i] for i in topology.actor_device_ids),

@@ -210,6 +210,9 @@ def test_auto_reads_small_boards_with_one_convolution_and_atari_frames_with_the_
     assert [shape for shape in board.values() if len(shape) == 4] == [(3, 3, 4, 32)], board
     assert (3200, 128) in board.values(), board
     assert all(len(shape) == 2 for shape in kernels(SPEC).values())
+    # The agent reports its choice, which runs record in place of "auto" (tests/test_workdir).
+    assert agents.make(config, minatar).chosen == {"network": "conv_mlp"}
+    assert agents.make(config, SPEC).chosen == {"network": "mlp"}
 
 
 @pytest.mark.parametrize("agent", ["muzero", "efficientzero"])

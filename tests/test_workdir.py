@@ -122,6 +122,51 @@ def test_opting_in_does_not_allow_a_shape_change(finished):
     assert snapshot(workdir) == before
 
 
+def test_a_run_records_what_auto_chose_and_a_rerun_naming_it_resumes(finished, tmp_path):
+    # The config leaves V-trace's torso to the agent ("auto": an MLP for Catch's small board);
+    # config.json and the checkpoint hold the choice, so naming it explicitly is the same run.
+    workdir = _copy(finished[0], tmp_path)
+    assert _config().agent.torso == "auto"
+    with open(os.path.join(workdir, "config.json")) as f:
+        assert json.load(f)["agent"]["torso"] == "mlp"
+    config = _config(**{"agent.torso": "mlp", "total_env_steps": 5 * STEPS_PER_CHUNK})
+    assert anakin.train(config, workdir).resumed_from_updates == 20
+
+
+_LAYOUT = [["['params']['w']", [400, 128], "float32"]]
+
+
+def _check(saved_torso, current_torso, saved_layout, current_layout=_LAYOUT):
+    metadata = {"updates": 20, "config": {"agent": {"torso": saved_torso}},
+                "layout": saved_layout}
+    return workdir_lib.check_compatible(
+        metadata, directory="/nowhere/checkpoints", config={"agent": {"torso": current_torso}},
+        layout=current_layout, run_shape={})
+
+
+def test_a_checkpoint_that_recorded_auto_resumes_when_every_array_agrees():
+    # Checkpoints made before runs recorded the agent's choice hold "auto" itself.
+    assert _check("auto", "mlp", _LAYOUT) == {}
+    # A recorded choice is compared like any other value.
+    with pytest.raises(workdir_lib.ResumeError):
+        _check("conv", "mlp", _LAYOUT)
+    # Without a recorded layout nothing shows that "auto" chose the same: refused.
+    with pytest.raises(workdir_lib.ResumeError):
+        _check("auto", "mlp", None)
+
+
+def test_a_checkpoint_whose_auto_chose_otherwise_is_refused_naming_the_field():
+    conv_layout = [["['params']['w']", [3200, 128], "float32"]]
+    with pytest.raises(workdir_lib.ResumeError) as info:
+        _check("auto", "conv", _LAYOUT, conv_layout)
+    message = str(info.value)
+    assert info.value.fields == ["agent.torso"]
+    assert "config.agent.torso: checkpoint 'auto', this run 'conv'" in message
+    assert "reshape the saved state" in message
+    assert 'config.agent.torso was "auto" when the checkpoint was made' in message
+    assert "--config.agent.torso=<its value>" in message
+
+
 def test_only_a_damaged_checkpoint_is_set_aside(finished, tmp_path):
     workdir = _copy(finished[0], tmp_path)
     garble_arrays(os.path.join(workdir, "checkpoints", "20"))

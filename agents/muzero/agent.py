@@ -24,7 +24,7 @@ from agents.actor_critic import validate_hidden_sizes
 from agents.hparams import replace_hparams
 from agents.muzero import learning
 from agents.muzero.learning import LearnConfig, LearnerState
-from agents.muzero.networks import KINDS, MuZeroNetwork, make_network
+from agents.muzero.networks import KINDS, MuZeroNetwork, make_network, resolve_network
 from agents.muzero.search import Q_TRANSFORMS, UNVISITED_Q, SearchConfig, run_search
 from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
@@ -338,4 +338,5 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_params=make_actor_params(config),
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
+        chosen={"network": resolve_network(config.network, env_spec)},
     )

@@ -194,4 +194,5 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_params=lambda learner_state: learner_state.params,
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
+        chosen={"torso": networks.resolve_torso(config.torso, env_spec)},
     )

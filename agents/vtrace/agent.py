@@ -20,7 +20,7 @@ from agents.actor_critic import (
 )
 from agents.hparams import replace_hparams
 from agents.vtrace import learning
-from agents.vtrace.networks import make_network
+from agents.vtrace.networks import make_network, resolve_torso
 from podracer.agent import Agent
 from podracer.config import ConfigError
 from podracer.types import Array, EnvSpec
@@ -161,4 +161,5 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_params=lambda learner_state: learner_state.params,
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
+        chosen={"torso": resolve_torso(config.torso, env_spec)},
     )
