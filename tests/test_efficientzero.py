@@ -517,6 +517,22 @@ def test_unroll_gradient_scale_weighs_steps_past_zero_as_the_switch_says(scale):
     assert any(np.abs(np.asarray(r)).max() > 0 for r in jax.tree.leaves(reference))
 
 
+def test_the_default_acting_temperature_falls_within_a_1m_step_run():
+    # The reference lowers the temperature at half and three quarters of its training; the
+    # defaults must do so within the results suite's 1M steps at Anakin's default batch
+    # (32 x 16 per inserted batch, `updates_per_step` learner updates each), as MuZero's do.
+    import anakin
+
+    runner = anakin.default_config()
+    for config in (ez.default_config(), muzero.default_config()):
+        updates = 1_000_000 // (runner.num_envs * runner.rollout_length)
+        updates *= config.updates_per_step
+        schedule = {"decay_updates": config.temperature_decay_updates,
+                    "temperature": config.temperature}
+        assert float(ez.temperature_at(jnp.asarray(updates // 2), **schedule)) == 1.0
+        assert float(ez.temperature_at(jnp.asarray(updates), **schedule)) == 0.25, config.name
+
+
 def test_acting_temperature_follows_the_reference_schedule():
     # EfficientZero's visit_softmax_temperature_fn: 1.0 before half the training updates,
     # 0.5 before three quarters, then 0.25.

@@ -80,9 +80,10 @@ def default_config() -> ml_collections.ConfigDict:
     # "whole": 1/K on the whole loss, every term keeping its weight (the reference);
     # "per_step": 1/K on the predictions past step 0 only (MuZero appendix G's reading).
     c.unroll_gradient_scale = "whole"
-    # MuZero's acting schedule (`temperature_decay_updates`) over the reference's 100K
-    # learner updates: 1.0 to half, 0.5 to three quarters, then 0.25.
-    c.temperature_decay_updates = 100_000
+    # The acting schedule is MuZero's (`temperature_decay_updates`: 1.0 to half, 0.5 to three
+    # quarters, then 0.25) over MuZero's 8,000 learner updates, 1M steps at Anakin's default
+    # batch: the reference spreads it over its whole training (100K updates in Atari 100k,
+    # which efficientzero_atari100k.py sets), which no 1M-step run here reaches.
     # Search: the reference's tree-wide min-max of Q and parent-mean Q for unvisited children.
     c.q_transform = "tree_min_max"
     c.unvisited_q = "parent_mean"
@@ -100,7 +101,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 # MuZero fields whose EfficientZero value is the reference's own choice, kept by
 # `from_muzero` instead of the MuZero config's (each documented in docs/efficientzero.md).
-OWN_SETTINGS = ("name", "q_transform", "unvisited_q", "temperature_decay_updates")
+OWN_SETTINGS = ("name", "q_transform", "unvisited_q")
 
 
 def from_muzero(muzero_config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

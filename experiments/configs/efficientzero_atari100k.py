@@ -53,6 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.priority_exponent = 0.6
     config.agent.importance_exponent = 0.4
     config.agent.importance_anneal_updates = 100_000
+    config.agent.temperature_decay_updates = 100_000  # the reference's: its whole training
     config.agent.replay_capacity = 100_000  # positions: every step of the run
     config.agent.min_replay_items = 2_000
     config.agent.target_update_interval = 200

@@ -26,8 +26,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.lstm_size = 64
     config.agent.projection_hidden = 64
     config.agent.projection_size = 64
-    # MuZero's search and acting temperature (OWN_SETTINGS are not carried by from_muzero).
+    # MuZero's search (OWN_SETTINGS are not carried by from_muzero), and a constant acting
+    # temperature, as measured.
     config.agent.q_transform = "parent_and_siblings"
     config.agent.unvisited_q = "min"
-    config.agent.temperature_decay_updates = 0  # constant `temperature`, as MuZero
+    config.agent.temperature_decay_updates = 0
     return config

@@ -20,8 +20,8 @@ def get_config() -> ml_collections.ConfigDict:
     config = muzero_minatar.get_config()
     config.agent = efficientzero.from_muzero(config.agent)
     config.agent.rollout_length = config.get_ref("rollout_length")
-    # MuZero's search and acting temperature, as in efficientzero_catch.py.
+    # MuZero's search, as in efficientzero_catch.py (muzero_minatar.py's constant acting
+    # temperature is carried).
     config.agent.q_transform = "parent_and_siblings"
     config.agent.unvisited_q = "min"
-    config.agent.temperature_decay_updates = 0
     return config
