@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -40,13 +41,13 @@ def run(tmp_path_factory):
 
 def test_resolved_config_is_saved_as_json_and_yaml(run):
     config, workdir, _, _ = run
-    saved = json.load(open(os.path.join(workdir, "config.json")))
+    saved = json.loads(pathlib.Path(workdir, "config.json").read_text())
     # The config as given, but for the torso left to the agent ("auto"): its choice is saved.
     expected = json.loads(config.to_json_best_effort())
     assert expected["agent"]["torso"] == "auto"
     expected["agent"]["torso"] = "mlp"  # Catch's board is smaller than the conv's field
     assert saved == expected
-    assert yaml.safe_load(open(os.path.join(workdir, "config.yaml"))) == saved
+    assert yaml.safe_load(pathlib.Path(workdir, "config.yaml").read_text()) == saved
     assert saved["agent"]["learning_rate"] == config.agent.learning_rate
     assert saved["num_envs"] == 16 and saved["rollout_length"] == 10
     assert saved["agent"]["hidden_sizes"] is None  # left to the observations: saved as such
@@ -64,7 +65,8 @@ def test_the_banner_counts_the_parameters_acted_with(run):
 
 def test_metrics_jsonl_has_greedy_evaluations_at_the_interval(run):
     _, workdir, result, _ = run
-    records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    records = [json.loads(line)
+               for line in pathlib.Path(workdir, "metrics.jsonl").read_text().splitlines()]
     assert [r["updates"] for r in records] == [5, 10, 15, 20]
     assert ["eval_return" in r for r in records] == [False, True, False, True]
     for record in (records[1], records[3]):

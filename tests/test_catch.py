@@ -29,7 +29,7 @@ def _reset_with_ball_at(env, column):
 
 def test_reset_puts_ball_on_top_row_and_paddle_in_the_middle():
     env = envs_jax.Catch()
-    state, timestep = _reset_with_ball_at(env, 4)
+    _, timestep = _reset_with_ball_at(env, 4)
     assert int(timestep.step_type) == StepType.FIRST
     assert float(timestep.reward) == 0.0 and float(timestep.discount) == 1.0
     np.testing.assert_array_equal(timestep.observation, _board(0, 4, 2))
@@ -126,7 +126,7 @@ def test_vmapped_episodes_are_independent_and_deterministic():
     keys = jax.random.split(jax.random.PRNGKey(7), 16)
 
     def run(keys):
-        state, timestep = jax.vmap(env.reset)(keys)
+        state, _ = jax.vmap(env.reset)(keys)
 
         def body(state, _):
             state, timestep = jax.vmap(env.step)(state, jnp.full((16,), STAY))

@@ -76,15 +76,19 @@ def _forge_fingerprint(step_dir):
     # The arrays on disk no longer match what was saved: what a silently flipped bit looks like
     # to the reader.
     path = os.path.join(step_dir, "meta", "metadata")
-    meta = json.load(open(path))
+    with open(path) as f:
+        meta = json.load(f)
     meta["fingerprint"] = "0123456789abcdef"
-    json.dump(meta, open(path, "w"))
+    with open(path, "w") as f:
+        json.dump(meta, f)
 
 
 def _truncate_metadata(step_dir):
     path = os.path.join(step_dir, "meta", "metadata")
-    data = open(path).read()
-    open(path, "w").write(data[: len(data) // 2])
+    with open(path) as f:
+        data = f.read()
+    with open(path, "w") as f:
+        f.write(data[: len(data) // 2])
 
 
 def _delete_arrays(step_dir):
@@ -135,7 +139,8 @@ def test_partial_save_left_by_a_killed_process_is_ignored(tmp_path, mesh):
     # some of the files.
     partial = os.path.join(directory, "2.orbax-checkpoint-tmp-1234567890")
     os.makedirs(os.path.join(partial, "state"))
-    open(os.path.join(partial, "state", "manifest.ocdbt"), "wb").write(b"\x00" * 10)
+    with open(os.path.join(partial, "state", "manifest.ocdbt"), "wb") as f:
+        f.write(b"\x00" * 10)
 
     with Checkpointer(directory) as checkpointer:
         assert checkpointer.steps() == [1]

@@ -73,7 +73,7 @@ def test_the_guides_agent_is_the_notebooks():
 
     with open(os.path.join(ROOT, "docs", "extending.md")) as f:
         guide = re.search(r"<!-- q_lambda:begin -->\n```python\n(.*?)```\n<!-- q_lambda:end -->",
-                          f.read(), re.S)
+                          f.read(), re.DOTALL)
     assert guide, "docs/extending.md lost its marked example"
     notebook = nbformat.read(os.path.join(COLAB, "your_own_agent.ipynb"), as_version=4)
     sources = [c.source.strip() for c in notebook.cells if c.cell_type == "code"]

@@ -176,12 +176,14 @@ def _ignored_hparams(agent):
 
 
 def _python_object_in_state(agent):
+    def learner_step(state, trajectory, key, *, axis_name):
+        inner, metrics = agent.learner_step(state["state"], trajectory, key, axis_name=axis_name)
+        return {"state": inner, "label": state["label"]}, metrics
+
     return {
         "init": lambda key, spec: {"state": agent.init(key, spec), "label": "my agent"},
         "actor_params": lambda state: agent.actor_params(state["state"]),
-        "learner_step": lambda state, trajectory, key, *, axis_name: (
-            lambda out: ({"state": out[0], "label": state["label"]}, out[1]))(
-                agent.learner_step(state["state"], trajectory, key, axis_name=axis_name)),
+        "learner_step": learner_step,
         "set_hparams": lambda state, hparams: {
             "state": agent.set_hparams(state["state"], hparams), "label": state["label"]},
     }

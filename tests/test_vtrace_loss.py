@@ -13,14 +13,14 @@ GAMMA = 0.9
 def _inputs():
     rng = np.random.default_rng(0)
     t, a = 5, 3
-    return dict(
-        logits_t=rng.normal(size=(t, a)).astype(np.float32),
-        values=rng.normal(size=(t + 1,)).astype(np.float32),
-        actions=np.array([0, 2, 1, 1, 0], np.int32),
-        behaviour_logits_t=rng.normal(size=(t, a)).astype(np.float32),
-        rewards=np.array([0.5, -1.0, 0.0, 2.0, 1.0], np.float32),
-        discounts=np.array([1.0, 1.0, 0.0, 1.0, 1.0], np.float32),  # x_3 is a true terminal
-    )
+    return {
+        "logits_t": rng.normal(size=(t, a)).astype(np.float32),
+        "values": rng.normal(size=(t + 1,)).astype(np.float32),
+        "actions": np.array([0, 2, 1, 1, 0], np.int32),
+        "behaviour_logits_t": rng.normal(size=(t, a)).astype(np.float32),
+        "rewards": np.array([0.5, -1.0, 0.0, 2.0, 1.0], np.float32),
+        "discounts": np.array([1.0, 1.0, 0.0, 1.0, 1.0], np.float32),  # x_3 is a true terminal
+    }
 
 
 def _log_softmax(x):
