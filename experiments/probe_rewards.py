@@ -201,8 +201,8 @@ def main(argv):
     runs = jax.tree.leaves(items)[0].shape[1]
     support = int(agent_config.support_size)
     if agent_config.network == "auto":
-        # What "auto" built depends on the code of the day: MinAtar's boards got the MLP before
-        # 2026-11-27's conv_mlp default. The saved parameters say which it was.
+        # Runs record what "auto" chose (`Agent.chosen`) since 2026-11-27; older ones hold
+        # "auto", and MinAtar's boards then got the MLP. The saved parameters say which.
         agent_config.network = ("conv_mlp" if "repr_conv" in params else
                                 resolve_network("auto", env_spec).replace("conv_mlp", "mlp"))
     network = make_network(agent_config, env_spec)

@@ -160,6 +160,7 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
     chosen = {f: b for f, (a, b) in differences.items() if a == "auto" and b != "auto"}
     if saved_layout and not layout_lines:
         differences = {f: v for f, v in differences.items() if f not in chosen}
+        chosen = {}  # nothing to say about them if another difference refuses the run
     refused = {f: v for f, v in differences.items() if f not in allow}
     if not shape_lines and not layout_lines and not refused:
         return {f: v for f, v in differences.items() if f in allow}
