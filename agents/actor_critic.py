@@ -10,6 +10,7 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from podracer.config import ConfigError
@@ -43,6 +44,15 @@ def mlp_hidden_sizes(hidden_sizes, spec: EnvSpec) -> tuple[int, ...]:
     if hidden_sizes is not None:
         return tuple(int(size) for size in hidden_sizes)
     return IMAGE_HIDDEN_SIZES if is_board(spec) else VECTOR_HIDDEN_SIZES
+
+
+def chosen_fields(config: ml_collections.ConfigDict, torso: str, spec: EnvSpec) -> dict:
+    """`Agent.chosen` of V-trace and PPO, the parts they share: the torso "auto" chose, and
+    the MLP's layer sizes when left None (they shape only the MLP torso)."""
+    fields: dict = {"torso": torso}
+    if torso == "mlp" and config.hidden_sizes is None:
+        fields["hidden_sizes"] = list(mlp_hidden_sizes(None, spec))
+    return fields
 
 
 def validate_hidden_sizes(hidden_sizes) -> None:

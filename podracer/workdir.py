@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -156,8 +157,11 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
     allow = allowed_changes(config)
     differences = config_differences(metadata.get("config", {}), config, ignore=resumable)
     # Checkpoints made before runs recorded the agent's own choices (`Agent.chosen`) hold
-    # "auto" where this run holds what "auto" chose: the same run when every array agrees.
-    chosen = {f: b for f, (a, b) in differences.items() if a == "auto" and b != "auto"}
+    # "auto" (or None, a width left to the agent) where this run holds what the agent chose:
+    # the same run when every array agrees.
+    saved_fields = _flatten(metadata.get("config", {}))
+    chosen = {f: (a, b) for f, (a, b) in differences.items()
+              if (a == "auto" or (a is None and f in saved_fields)) and b not in ("auto", None)}
     if saved_layout and not layout_lines:
         differences = {f: v for f, v in differences.items() if f not in chosen}
         chosen = {}  # nothing to say about them if another difference refuses the run
@@ -177,10 +181,11 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
         if len(layout_lines) > 8:
             lines.append(f"    ... and {len(layout_lines) - 8} more arrays")
     workdir = os.path.dirname(directory)
-    for field, value in chosen.items():
-        lines.append(f"config.{field} was \"auto\" when the checkpoint was made, and this "
-                     f"version of the code chooses {value!r} for it. To resume, pass the "
-                     f"choice the checkpoint was made with: --config.{field}=<its value>.")
+    for field, (saved, value) in chosen.items():
+        lines.append(f"config.{field} was {json.dumps(saved)} when the checkpoint was made "
+                     f"(left to the agent), and this version of the code chooses {value!r} "
+                     "for it. To resume, pass the choice the checkpoint was made with: "
+                     f"--config.{field}=<its value>.")
     lines.append(f"Nothing in {workdir} was changed. Either rerun with the checkpoint's values "
                  f"(they are in {os.path.join(workdir, 'config.json')}) to resume it, or pass a "
                  "new --workdir to start a new run.")

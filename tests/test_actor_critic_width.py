@@ -95,3 +95,26 @@ def test_ppo_activation_and_sizes_set_by_hand_apply_to_boards_too():
     np.testing.assert_allclose(np.asarray(network.apply(params, x)[0]),
                                _ppo_logits_by_hand(params, np.asarray(x, np.float64), np.tanh),
                                rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec, chosen_vtrace, chosen_ppo", [
+    # A board read flattened: 2 x 256, V-trace's logits scaled by 64 / 256, PPO with ReLU.
+    (MINATAR, {"torso": "mlp", "hidden_sizes": [256, 256], "logit_scale": 0.25},
+     {"torso": "mlp", "hidden_sizes": [256, 256], "activation": "relu"}),
+    (CARTPOLE, {"torso": "mlp", "hidden_sizes": [64, 64], "logit_scale": 1.0},
+     {"torso": "mlp", "hidden_sizes": [64, 64], "activation": "tanh"}),
+])
+def test_the_agents_report_what_they_chose_for_fields_left_to_them(spec, chosen_vtrace,
+                                                                  chosen_ppo):
+    # Runs record these in config.json in place of "auto" and None (tests/test_workdir.py).
+    assert agents.make(agents.default_config("vtrace"), spec).chosen == chosen_vtrace
+    assert agents.make(agents.default_config("ppo"), spec).chosen == chosen_ppo
+    # Set by hand, a field is the config's own: nothing to report. The conv torso reads no
+    # MLP sizes or activation.
+    config = agents.default_config("ppo")
+    config.hidden_sizes, config.activation = (32,), "tanh"
+    assert agents.make(config, spec).chosen == {"torso": "mlp"}
+    config = agents.default_config("vtrace")
+    config.torso, config.logit_scale = "conv", 1.0
+    assert agents.make(config, EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8),
+                                       action=DiscreteSpec(6))).chosen == {"torso": "conv"}

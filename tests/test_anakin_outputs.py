@@ -42,15 +42,18 @@ def run(tmp_path_factory):
 def test_resolved_config_is_saved_as_json_and_yaml(run):
     config, workdir, _, _ = run
     saved = json.loads(pathlib.Path(workdir, "config.json").read_text())
-    # The config as given, but for the torso left to the agent ("auto"): its choice is saved.
+    # The config as given, but for the fields left to the agent ("auto" or None): its
+    # choices are saved.
     expected = json.loads(config.to_json_best_effort())
-    assert expected["agent"]["torso"] == "auto"
+    left = {"torso": "auto", "hidden_sizes": None, "logit_scale": None}
+    assert {field: expected["agent"][field] for field in left} == left
     expected["agent"]["torso"] = "mlp"  # Catch's board is smaller than the conv's field
+    expected["agent"]["hidden_sizes"] = [64, 64]  # a 2-D array, not an image: 2 x 64
+    expected["agent"]["logit_scale"] = 1.0  # a 64-wide head: unscaled
     assert saved == expected
     assert yaml.safe_load(pathlib.Path(workdir, "config.yaml").read_text()) == saved
     assert saved["agent"]["learning_rate"] == config.agent.learning_rate
     assert saved["num_envs"] == 16 and saved["rollout_length"] == 10
-    assert saved["agent"]["hidden_sizes"] is None  # left to the observations: saved as such
 
 
 def test_the_banner_counts_the_parameters_acted_with(run):

@@ -211,8 +211,20 @@ def test_auto_reads_small_boards_with_one_convolution_and_atari_frames_with_the_
     assert (3200, 128) in board.values(), board
     assert all(len(shape) == 2 for shape in kernels(SPEC).values())
     # The agent reports its choice, which runs record in place of "auto" (tests/test_workdir).
+    # Widths left None are reported with what they became (128 for boards read flattened,
+    # 64 otherwise; test_default_mlp_width_follows_the_observations checks the layers).
+    # So is whether "auto" stores stacked frames once (uint8 images only).
+    assert agents.make(config, minatar).chosen == {
+        "network": "conv_mlp", "hidden_sizes": [128], "latent_size": 128,
+        "store_frames_once": "off"}
+    assert agents.make(config, SPEC).chosen == {
+        "network": "mlp", "hidden_sizes": [64], "latent_size": 64, "store_frames_once": "off"}
+    # The residual network's latent is planes: no latent width to report.
+    assert agents.make(config, atari).chosen == {
+        "network": "resnet", "hidden_sizes": [64], "store_frames_once": "on"}
+    # Values set by hand are the config's own: nothing to report for them.
+    config.hidden_sizes, config.latent_size, config.store_frames_once = (32,), 16, "off"
     assert agents.make(config, minatar).chosen == {"network": "conv_mlp"}
-    assert agents.make(config, SPEC).chosen == {"network": "mlp"}
 
 
 @pytest.mark.parametrize("agent", ["muzero", "efficientzero"])
@@ -752,3 +764,18 @@ def test_reference_search_switches_run_inside_a_batched_search():
     weights = np.asarray(out.action_weights)
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
     assert np.asarray(out.search_tree.node_visits)[:, 0].tolist() == [13, 13, 13]
+
+
+def test_storing_frames_once_can_be_turned_off_and_a_bad_value_names_the_field():
+    # The field holds a string ("auto" | "on" | "off"): "off" must mean off. (It was read
+    # with bool(), so any value given on the command line, "off" or "False", turned it on.)
+    atari = EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8), action=DiscreteSpec(6))
+    config = muzero.default_config()
+    assert muzero.stores_frames_once(config, atari)  # "auto": on for uint8 images
+    config.store_frames_once = "off"
+    assert not muzero.stores_frames_once(config, atari)
+    config.store_frames_once = "on"
+    assert muzero.stores_frames_once(config, SPEC)
+    config.store_frames_once = "False"
+    with pytest.raises(ConfigError, match=r"agent\.store_frames_once.*'auto', 'on', 'off'"):
+        muzero.validate(config)

@@ -199,7 +199,7 @@ def preempted(tmp_path_factory):
 
 
 def test_sigterm_stops_after_the_next_update_with_a_checkpoint(preempted):
-    _, workdir, result = preempted
+    config, workdir, result = preempted
     stopped_at = STOP_SIGNAL_AT + 1
     assert result.interrupted and result.resumed_from_updates is None
     assert [r["updates"] for r in result.history] == [5, 10, stopped_at]
@@ -219,6 +219,12 @@ def test_sigterm_stops_after_the_next_update_with_a_checkpoint(preempted):
     _assert_bitwise_equal(saved["learner_state"]["replay"], replay)
     _assert_bitwise_equal(saved, {"learner_state": result.learner_state,
                                   "learner_keys": result.learner_keys})
+    # The config leaves the network to the agent ("auto"): config.json and the checkpoint
+    # record what it chose for CartPole's vectors, so a later "auto" cannot silently differ.
+    assert config.agent.network == "auto"
+    with open(os.path.join(workdir, "config.json")) as f:
+        assert json.load(f)["agent"]["network"] == "mlp"
+    assert meta["config"]["agent"]["network"] == "mlp"
 
 
 def test_rerun_restores_the_saved_learner_state_bit_for_bit(preempted):

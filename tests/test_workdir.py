@@ -167,6 +167,27 @@ def test_a_checkpoint_whose_auto_chose_otherwise_is_refused_naming_the_field():
     assert "--config.agent.torso=<its value>" in message
 
 
+def test_a_width_left_to_the_agent_resumes_when_every_array_agrees():
+    # MuZero's hidden_sizes=None: checkpoints made before runs recorded the width hold None.
+    def check(saved, layout):
+        metadata = {"updates": 20, "config": {"agent": {"name": "muzero", **saved}},
+                    "layout": _LAYOUT}
+        return workdir_lib.check_compatible(
+            metadata, directory="/nowhere/checkpoints",
+            config={"agent": {"name": "muzero", "hidden_sizes": [128]}}, layout=layout,
+            run_shape={})
+
+    assert check({"hidden_sizes": None}, _LAYOUT) == {}
+    with pytest.raises(workdir_lib.ResumeError) as info:
+        check({"hidden_sizes": None}, [["['params']['w']", [400, 64], "float32"]])
+    assert "config.agent.hidden_sizes was null when the checkpoint was made" in str(info.value)
+    # A field the checkpoint's config lacks (added to the code since) is not a choice left to
+    # the agent: still a difference, even when the arrays agree.
+    with pytest.raises(workdir_lib.ResumeError) as info:
+        check({}, _LAYOUT)
+    assert info.value.fields == ["agent.hidden_sizes"]
+
+
 def test_only_a_damaged_checkpoint_is_set_aside(finished, tmp_path):
     workdir = _copy(finished[0], tmp_path)
     garble_arrays(os.path.join(workdir, "checkpoints", "20"))

@@ -30,7 +30,6 @@ from agents.efficientzero.networks import (
 from agents.efficientzero.search import run_search
 from agents.hparams import replace_hparams
 from agents.muzero.learning import LearnerState
-from agents.muzero.networks import resolve_network
 from podracer import optim
 from podracer.agent import Agent
 from podracer.config import ConfigError
@@ -208,5 +207,5 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_params=actor_params,
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
-        chosen={"network": resolve_network(config.network, env_spec)},
+        chosen=muzero.chosen(config, env_spec),
     )

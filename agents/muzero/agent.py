@@ -24,7 +24,7 @@ from agents.actor_critic import validate_hidden_sizes
 from agents.hparams import replace_hparams
 from agents.muzero import learning
 from agents.muzero.learning import LearnConfig, LearnerState
-from agents.muzero.networks import KINDS, MuZeroNetwork, make_network, resolve_network
+from agents.muzero.networks import KINDS, MuZeroNetwork, chosen_fields, make_network
 from agents.muzero.search import Q_TRANSFORMS, UNVISITED_Q, SearchConfig, run_search
 from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
@@ -122,7 +122,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.rollout_length = 16  # T of the trajectories it receives (Anakin's default); experiments
     # tie it to the runner's: config.agent.rollout_length = config.get_ref("rollout_length")
     # Store stacked image observations ([H, W, C] uint8) as one frame per step, rebuilding
-    # stacks when sampled: C times less replay memory. "auto": on for rank-3 uint8.
+    # stacks when sampled: C times less replay memory. "auto" | "on" | "off"; "auto": on for
+    # rank-3 uint8.
     c.store_frames_once = "auto"
     return c
 
@@ -150,7 +151,16 @@ def stores_frames_once(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> 
     if config.store_frames_once == "auto":
         obs = env_spec.observation
         return len(obs.shape) == 3 and obs.dtype == jnp.uint8
-    return bool(config.store_frames_once)
+    return config.store_frames_once == "on"
+
+
+def chosen(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:
+    """`Agent.chosen` of MuZero and EfficientZero: the network and widths the agent chose
+    (`networks.chosen_fields`), and whether "auto" stores frames once."""
+    fields = chosen_fields(config, env_spec)
+    if config.store_frames_once == "auto":
+        fields["store_frames_once"] = "on" if stores_frames_once(config, env_spec) else "off"
+    return fields
 
 
 def make_replay(config: ml_collections.ConfigDict, env_spec: EnvSpec, *,
@@ -285,7 +295,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first MuZero choice field with an unknown value."""
     check_choices(config, {"network": ("auto", *KINDS), "q_transform": Q_TRANSFORMS,
                            "unvisited_q": UNVISITED_Q, "past_end_targets": PAST_END_TARGETS,
-                           "reanalyse_value": ("target_network", "root")})
+                           "reanalyse_value": ("target_network", "root"),
+                           "store_frames_once": ("auto", "on", "off")})
     validate_hidden_sizes(config.hidden_sizes)
     latent = config.latent_size
     if latent is not None and (not isinstance(latent, int) or isinstance(latent, bool)
@@ -338,5 +349,5 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_params=make_actor_params(config),
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
-        chosen={"network": resolve_network(config.network, env_spec)},
+        chosen=chosen(config, env_spec),
     )

@@ -12,6 +12,7 @@ unroll goes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -201,6 +202,20 @@ def mlp_widths(config: ml_collections.ConfigDict, env_spec: EnvSpec
     hidden = ((width,) if config.hidden_sizes is None
               else tuple(int(size) for size in config.hidden_sizes))
     return hidden, width if config.latent_size is None else int(config.latent_size)
+
+
+def chosen_fields(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict[str, Any]:
+    """What `network="auto"` and widths left None became for `env_spec`. The latent width is
+    reported only for the networks with a vector latent (the residual networks' latent is
+    `channels` planes)."""
+    kind = resolve_network(config.network, env_spec)
+    hidden_sizes, latent_size = mlp_widths(config, env_spec)
+    chosen: dict[str, Any] = {"network": kind}
+    if config.hidden_sizes is None:
+        chosen["hidden_sizes"] = list(hidden_sizes)
+    if config.latent_size is None and kind in VECTOR_LATENT:
+        chosen["latent_size"] = latent_size
+    return chosen
 
 
 def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> MuZeroNetwork:

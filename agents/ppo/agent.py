@@ -40,6 +40,7 @@ from agents import popart
 from agents.actor_critic import (
     ADVANTAGE_NORMALIZATIONS,
     LearnerState,
+    chosen_fields,
     init_learner_state,
     validate_hidden_sizes,
 )
@@ -170,6 +171,15 @@ def learn_config(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> learni
         popart_step_size=float(config.popart_step_size))
 
 
+def chosen(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:
+    """`Agent.chosen`: the torso, and the MLP's sizes and activation the agent chose."""
+    torso = networks.resolve_torso(config.torso, env_spec)
+    fields = chosen_fields(config, torso, env_spec)
+    if torso == "mlp" and config.activation is None:
+        fields["activation"] = networks.mlp_activation(None, env_spec)
+    return fields
+
+
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     """Builds the PPO agent for discrete or continuous ([D]-shaped) actions: `learning.py`'s
     functions bound to the network, optimiser and settings of `config`."""
@@ -194,5 +204,5 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_params=lambda learner_state: learner_state.params,
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
-        chosen={"torso": networks.resolve_torso(config.torso, env_spec)},
+        chosen=chosen(config, env_spec),
     )

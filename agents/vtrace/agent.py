@@ -15,12 +15,14 @@ from agents import popart
 from agents.actor_critic import (
     ADVANTAGE_NORMALIZATIONS,
     LearnerState,
+    chosen_fields,
     init_learner_state,
+    mlp_hidden_sizes,
     validate_hidden_sizes,
 )
 from agents.hparams import replace_hparams
 from agents.vtrace import learning
-from agents.vtrace.networks import make_network, resolve_torso
+from agents.vtrace.networks import logit_scale, make_network, resolve_torso
 from podracer.agent import Agent
 from podracer.config import ConfigError
 from podracer.types import Array, EnvSpec
@@ -143,6 +145,16 @@ def _init(network, optimizer, loss_hparams, learn: learning.LearnConfig, key,
     return state
 
 
+def chosen(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:
+    """`Agent.chosen`: the torso, the MLP's sizes and the logit scale the agent chose."""
+    torso = resolve_torso(config.torso, env_spec)
+    fields = chosen_fields(config, torso, env_spec)
+    if config.logit_scale is None:
+        sizes = mlp_hidden_sizes(config.hidden_sizes, env_spec)
+        fields["logit_scale"] = logit_scale(config, torso, sizes)
+    return fields
+
+
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     """Builds the V-trace agent for environments with a discrete action spec: `learning.py`'s
     functions bound to the network, optimiser and settings of `config`."""
@@ -161,5 +173,5 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_params=lambda learner_state: learner_state.params,
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
-        chosen={"torso": resolve_torso(config.torso, env_spec)},
+        chosen=chosen(config, env_spec),
     )
