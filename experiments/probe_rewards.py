@@ -19,7 +19,9 @@ is not LAST, and prints:
   terminal    with --decisive_states=N: up to N states that a uniformly random policy visits
               (64 environments, 200 steps) in the run's environment where some actions end
               the episode (a true terminal) and some do not, each action's outcome found by
-              stepping a copy of the state.
+              stepping a copy of the state. With --decisive_outcome=freeway_collision (MinAtar
+              Freeway, whose collisions end nothing) an action is fatal when it sends the
+              chicken back to the bottom row without a reward: hit by a car.
               For each run: the share of them where the action with the highest one-step
               model value Q = r_hat + gamma v(g(h(o), a)) survives, against the share of
               surviving actions (a uniform choice), and the mean Q of the surviving actions
@@ -58,6 +60,8 @@ _UPDATES = flags.DEFINE_integer("fit_updates", 4000, "Adam updates of each fit."
 _BATCH = flags.DEFINE_integer("fit_batch", 256, "Transitions per fit update.")
 _LR = flags.DEFINE_float("fit_learning_rate", 3e-3, "Adam's step size in the fits.")
 _DECISIVE = flags.DEFINE_integer("decisive_states", 0, "States for the terminal probe (0: none).")
+_OUTCOME = flags.DEFINE_enum("decisive_outcome", "terminal", ["terminal", "freeway_collision"],
+                             "What makes an action fatal in the terminal probe.")
 
 
 def transitions(items: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -125,28 +129,49 @@ def fit_reward(network, support_size: int, train: tuple, *, updates: int, batch:
     return params
 
 
-def decisive_states(env, key, *, num_envs: int = 64, steps: int = 200
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def ends_the_episode(timestep, next_timestep) -> Array:
+    """The terminal probe's default outcome: a true terminal (LAST with discount 0)."""
+    del timestep
+    return (next_timestep.step_type == StepType.LAST) & (next_timestep.discount == 0)
+
+
+def freeway_row(observation: Array) -> Array:
+    """MinAtar Freeway's chicken row (0 top, 9 the bottom): channel 0, column 4 (gymnax)."""
+    return jnp.argmax(observation[..., :, 4, 0], axis=-1)
+
+
+def freeway_collision(timestep, next_timestep) -> Array:
+    """Hit by a car: sent back to the bottom row from above it, without the crossing's
+    reward (a crossing also restarts at the bottom, with a reward of 1)."""
+    return ((freeway_row(next_timestep.observation) == 9)
+            & (freeway_row(timestep.observation) < 9) & (next_timestep.reward == 0))
+
+
+OUTCOMES = {"terminal": ends_the_episode, "freeway_collision": freeway_collision}
+
+
+def decisive_states(env, key, *, num_envs: int = 64, steps: int = 200,
+                    outcome=ends_the_episode) -> tuple[np.ndarray, np.ndarray]:
     """(o [N, ...], fatal [N, A] bool) of the states that a uniformly random policy visits in
     `num_envs` copies of `env` (an `envs_jax` environment, reset automatically) over `steps`
-    steps, kept where some but not all actions lead to a true terminal (LAST with discount
-    0) from the state itself: each action is stepped from a copy of the state, so with the
-    state's own randomness."""
+    steps, kept where some but not all actions are fatal from the state itself (`outcome`
+    (timestep, next timestep): by default a true terminal): each action is stepped from a
+    copy of the state, so with the state's own randomness."""
     env = AutoReset(env)
     num_actions = env.action_spec().num_values
     reset_key, key = jax.random.split(key)
     state, timestep = jax.vmap(env.reset)(jax.random.split(reset_key, num_envs))
 
-    def outcomes(one_state):
+    def outcomes(one_state, one_timestep):
         def fatal(action):
             _, next_timestep = env.step(one_state, action)
-            return (next_timestep.step_type == StepType.LAST) & (next_timestep.discount == 0)
+            return outcome(one_timestep, next_timestep)
         return jax.vmap(fatal)(jnp.arange(num_actions))
 
     def step(carry, step_key):
         state, timestep = carry
         action = jax.random.randint(step_key, (num_envs,), 0, num_actions)
-        fatal = jax.vmap(outcomes)(state)
+        fatal = jax.vmap(outcomes)(state, timestep)
         alive = timestep.step_type != StepType.LAST
         return jax.vmap(env.step)(state, action), (timestep.observation, fatal, alive)
 
@@ -187,9 +212,11 @@ def main(argv):
     with open(os.path.join(workdir, "config.json")) as f:
         config = json.load(f)
     agent_config = ml_collections.ConfigDict(config["agent"])
-    if agent_config.name != "muzero":
+    prefix = agent_config.name == "efficientzero" and agent_config.get("value_prefix", True)
+    if agent_config.name not in ("muzero", "efficientzero") or prefix:
         raise SystemExit(f"{workdir} is a run of {agent_config.name!r}; this probe reads "
-                         "MuZero's one-step reward (EfficientZero predicts value prefixes).")
+                         "MuZero's one-step reward (EfficientZero's with value_prefix=False; "
+                         "with value prefixes it predicts sums of rewards instead).")
     env = envs_jax.make(config["env"]["name"], **config["env"].get("kwargs", {}))
     env_spec = EnvSpec(observation=env.observation_spec(), action=env.action_spec())
     state, metadata = checkpoint.load_arrays(os.path.join(workdir, "checkpoints"))
@@ -198,6 +225,7 @@ def main(argv):
     if "observation" not in items:
         raise SystemExit("This probe reads whole observations; the replay stores frames once.")
     params = learner["params"]["params"]
+    params = params.get("muzero", params)  # EfficientZero's h, g and f (MuZero's network)
     runs = jax.tree.leaves(items)[0].shape[1]
     support = int(agent_config.support_size)
     if agent_config.network == "auto":
@@ -221,7 +249,8 @@ def main(argv):
         train = tuple(x[:half] for x in data[0])
         held_out = tuple(x[half:] for x in data[0])
     if _DECISIVE.value:
-        observation, fatal = decisive_states(env, jax.random.PRNGKey(0))
+        observation, fatal = decisive_states(env, jax.random.PRNGKey(0),
+                                             outcome=OUTCOMES[_OUTCOME.value])
         observation, fatal = observation[:_DECISIVE.value], fatal[:_DECISIVE.value]
         q_fn = jax.jit(lambda p, o: one_step_q(network, p, o, support,
                                                float(agent_config.discount)))

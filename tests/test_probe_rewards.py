@@ -110,3 +110,33 @@ def test_one_step_q_of_a_fresh_network_is_zero_for_every_action():
     params = network.init(jax.random.PRNGKey(0), observation[:1], np.zeros(1, np.int32))
     q = probe_rewards.one_step_q(network, params, observation, config.support_size, 0.97)
     np.testing.assert_allclose(q, np.zeros((5, 2)), atol=1e-3)
+
+
+def _freeway_timestep(row: int, reward: float = 0.0) -> TimeStep:
+    """A MinAtar Freeway timestep (gymnax's [10, 10, 7] board) with the chicken, channel 0,
+    at `row` of column 4."""
+    observation = np.zeros((10, 10, 7), np.bool_)
+    observation[row, 4, 0] = True
+    return TimeStep(step_type=jnp.int32(MID), reward=jnp.float32(reward),
+                    discount=jnp.float32(1.0), observation=jnp.asarray(observation))
+
+
+def test_a_freeway_collision_is_a_return_to_the_bottom_without_a_reward():
+    hit = probe_rewards.freeway_collision
+    assert bool(hit(_freeway_timestep(5), _freeway_timestep(9)))  # hit by a car at row 5
+    assert not bool(hit(_freeway_timestep(1), _freeway_timestep(9, reward=1.0)))  # a crossing
+    assert not bool(hit(_freeway_timestep(5), _freeway_timestep(4)))  # one row up
+    assert not bool(hit(_freeway_timestep(9), _freeway_timestep(9)))  # waiting at the bottom
+
+
+def test_decisive_states_follow_the_outcome_given():
+    # "Fatal": stepping onto the middle cell (2), which cells 1 (right) and 3 (left) can do.
+    def onto_the_middle(timestep, next_timestep):
+        return (next_timestep.observation.argmax() == 2) & (timestep.observation.argmax() != 2)
+
+    observation, fatal = probe_rewards.decisive_states(
+        _Ledge(), jax.random.PRNGKey(0), num_envs=8, steps=50, outcome=onto_the_middle)
+    position = observation.argmax(axis=1)
+    assert set(position.tolist()) == {1, 3}
+    np.testing.assert_array_equal(fatal[position == 1], [[False, True]] * (position == 1).sum())
+    np.testing.assert_array_equal(fatal[position == 3], [[True, False]] * (position == 3).sum())
