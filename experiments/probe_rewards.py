@@ -26,7 +26,11 @@ is not LAST, and prints:
               model value Q = r_hat + gamma v(g(h(o), a)) survives, against the share of
               surviving actions (a uniform choice), and the mean Q of the surviving actions
               minus that of the fatal ones (0: the model does not tell them apart), and the
-              mean value v(h(o)) of those states (what a death costs, roughly).
+              mean value v(h(o)) of those states (what a death costs, roughly); then the same
+              figures with each action valued from the state it really leads to, r +
+              gamma v(h(o')): the price the value head itself puts on a fatal move. A model
+              whose first figures fall well short of these has not learnt in its dynamics
+              g what its value head knows.
 
 A reward that the trained model misses but a fit on the same data finds points at the joint
 training; one that no fit generalises points at the network (or at too few rewarded
@@ -151,12 +155,13 @@ OUTCOMES = {"terminal": ends_the_episode, "freeway_collision": freeway_collision
 
 
 def decisive_states(env, key, *, num_envs: int = 64, steps: int = 200,
-                    outcome=ends_the_episode) -> tuple[np.ndarray, np.ndarray]:
+                    outcome=ends_the_episode, with_next: bool = False) -> tuple:
     """(o [N, ...], fatal [N, A] bool) of the states that a uniformly random policy visits in
     `num_envs` copies of `env` (an `envs_jax` environment, reset automatically) over `steps`
     steps, kept where some but not all actions are fatal from the state itself (`outcome`
     (timestep, next timestep): by default a true terminal): each action is stepped from a
-    copy of the state, so with the state's own randomness."""
+    copy of the state, so with the state's own randomness. With `with_next`, also each
+    action's next timestep, its leaves [N, A, ...]."""
     env = AutoReset(env)
     num_actions = env.action_spec().num_values
     reset_key, key = jax.random.split(key)
@@ -165,21 +170,23 @@ def decisive_states(env, key, *, num_envs: int = 64, steps: int = 200,
     def outcomes(one_state, one_timestep):
         def fatal(action):
             _, next_timestep = env.step(one_state, action)
-            return outcome(one_timestep, next_timestep)
+            return outcome(one_timestep, next_timestep), next_timestep
         return jax.vmap(fatal)(jnp.arange(num_actions))
 
     def step(carry, step_key):
         state, timestep = carry
         action = jax.random.randint(step_key, (num_envs,), 0, num_actions)
-        fatal = jax.vmap(outcomes)(state, timestep)
+        fatal, next_timesteps = jax.vmap(outcomes)(state, timestep)
         alive = timestep.step_type != StepType.LAST
-        return jax.vmap(env.step)(state, action), (timestep.observation, fatal, alive)
+        out = (timestep.observation, fatal, alive, next_timesteps if with_next else ())
+        return jax.vmap(env.step)(state, action), out
 
-    _, (observation, fatal, alive) = jax.lax.scan(jax.jit(step), (state, timestep),
-                                                  jax.random.split(key, steps))
-    observation, fatal, alive = (np.asarray(x).reshape((-1,) + x.shape[2:])
-                                 for x in (observation, fatal, alive))
+    _, outs = jax.lax.scan(jax.jit(step), (state, timestep), jax.random.split(key, steps))
+    observation, fatal, alive, next_timesteps = jax.tree.map(
+        lambda x: np.asarray(x).reshape((-1,) + x.shape[2:]), outs)
     keep = alive & fatal.any(axis=1) & ~fatal.all(axis=1)
+    if with_next:
+        return observation[keep], fatal[keep], jax.tree.map(lambda x: x[keep], next_timesteps)
     return observation[keep], fatal[keep]
 
 
@@ -249,9 +256,11 @@ def main(argv):
         train = tuple(x[:half] for x in data[0])
         held_out = tuple(x[half:] for x in data[0])
     if _DECISIVE.value:
-        observation, fatal = decisive_states(env, jax.random.PRNGKey(0),
-                                             outcome=OUTCOMES[_OUTCOME.value])
+        observation, fatal, following = decisive_states(
+            env, jax.random.PRNGKey(0), outcome=OUTCOMES[_OUTCOME.value], with_next=True)
         observation, fatal = observation[:_DECISIVE.value], fatal[:_DECISIVE.value]
+        following = jax.tree.map(lambda x: x[:_DECISIVE.value], following)
+        num_actions = fatal.shape[1]
         q_fn = jax.jit(lambda p, o: one_step_q(network, p, o, support,
                                                float(agent_config.discount)))
         v_fn = jax.jit(lambda p, o: value_to_scalar(network.apply(
@@ -260,6 +269,13 @@ def main(argv):
             print(f"terminal run {r}: "
                   f"{terminal_summary(np.asarray(q_fn(run_params[r], observation)), fatal)}; "
                   f"mean v(h(o)) {float(np.mean(v_fn(run_params[r], observation))):.3f}")
+            # The same actions valued from the states they really lead to: r + gamma v(h(o')).
+            next_v = np.asarray(v_fn(run_params[r], following.observation.reshape(
+                (-1,) + following.observation.shape[2:]))).reshape(fatal.shape)
+            real_q = (following.reward + float(agent_config.discount) * following.discount
+                      * next_v)
+            print(f"terminal run {r}, from the real next states: "
+                  f"{terminal_summary(real_q, fatal)} ({num_actions} actions)")
     for kind in _NETWORKS.value:
         config_k = ml_collections.ConfigDict(config["agent"])
         config_k.network = kind

@@ -140,3 +140,15 @@ def test_decisive_states_follow_the_outcome_given():
     assert set(position.tolist()) == {1, 3}
     np.testing.assert_array_equal(fatal[position == 1], [[False, True]] * (position == 1).sum())
     np.testing.assert_array_equal(fatal[position == 3], [[True, False]] * (position == 3).sum())
+
+
+def test_decisive_states_can_return_where_each_action_leads():
+    observation, fatal, following = probe_rewards.decisive_states(
+        _Ledge(), jax.random.PRNGKey(0), num_envs=8, steps=50, with_next=True)
+    position = observation.argmax(axis=1)
+    assert following.observation.shape == (len(position), 2, 5)
+    # From cell 0: left falls (a terminal, discount 0, the walker stays), right goes to 1.
+    at_0 = position == 0
+    np.testing.assert_array_equal(following.observation[at_0].argmax(-1), [[0, 1]] * at_0.sum())
+    np.testing.assert_array_equal(following.discount[at_0], [[0.0, 1.0]] * at_0.sum())
+    np.testing.assert_array_equal(fatal[at_0], following.discount[at_0] == 0)
