@@ -10,7 +10,6 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from podracer.config import ConfigError
@@ -46,11 +45,12 @@ def mlp_hidden_sizes(hidden_sizes, spec: EnvSpec) -> tuple[int, ...]:
     return IMAGE_HIDDEN_SIZES if is_board(spec) else VECTOR_HIDDEN_SIZES
 
 
-def chosen_fields(config: ml_collections.ConfigDict, torso: str, spec: EnvSpec) -> dict:
+def chosen_fields(torso: str, hidden_sizes, spec: EnvSpec) -> dict:
     """`Agent.chosen` of V-trace and PPO, the parts they share: the torso "auto" chose, and
-    the MLP's layer sizes when left None (they shape only the MLP torso)."""
+    the MLP's layer sizes when `agent.hidden_sizes` is left None (they shape only the MLP
+    torso)."""
     fields: dict = {"torso": torso}
-    if torso == "mlp" and config.hidden_sizes is None:
+    if torso == "mlp" and hidden_sizes is None:
         fields["hidden_sizes"] = list(mlp_hidden_sizes(None, spec))
     return fields
 

@@ -174,7 +174,7 @@ def learn_config(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> learni
 def chosen(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:
     """`Agent.chosen`: the torso, and the MLP's sizes and activation the agent chose."""
     torso = networks.resolve_torso(config.torso, env_spec)
-    fields = chosen_fields(config, torso, env_spec)
+    fields = chosen_fields(torso, config.hidden_sizes, env_spec)
     if torso == "mlp" and config.activation is None:
         fields["activation"] = networks.mlp_activation(None, env_spec)
     return fields

@@ -148,7 +148,7 @@ def _init(network, optimizer, loss_hparams, learn: learning.LearnConfig, key,
 def chosen(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:
     """`Agent.chosen`: the torso, the MLP's sizes and the logit scale the agent chose."""
     torso = resolve_torso(config.torso, env_spec)
-    fields = chosen_fields(config, torso, env_spec)
+    fields = chosen_fields(torso, config.hidden_sizes, env_spec)
     if config.logit_scale is None:
         sizes = mlp_hidden_sizes(config.hidden_sizes, env_spec)
         fields["logit_scale"] = logit_scale(config, torso, sizes)
