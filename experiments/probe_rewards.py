@@ -10,7 +10,9 @@ is not LAST, and prints:
   trained     for each run of the sweep, the mean reward r_hat = g(h(o_t), a_t) that the
               trained model (MuZero's) predicts for the transitions that were rewarded
               (r_{t+1} > 0) and for those that were not, and the share of rewarded ones
-              predicted above 0.5 (recall);
+              predicted above 0.5 (recall); then the model's value one step on, v(g(h(o_t),
+              a_t)), on the stored steps into a true terminal, where it is trained toward 0,
+              and on the others: whether the dynamics learnt the deaths it was trained on;
   fit         for each network of --networks, the same reward model (h, g and the reward
               head, the run's widths) trained from scratch on the first run's transitions
               alone (cross-entropy on the agent's support, Adam), then measured on the
@@ -28,9 +30,11 @@ is not LAST, and prints:
               minus that of the fatal ones (0: the model does not tell them apart), and the
               mean value v(h(o)) of those states (what a death costs, roughly); then the same
               figures with each action valued from the state it really leads to, r +
-              gamma v(h(o')): the price the value head itself puts on a fatal move. A model
-              whose first figures fall well short of these has not learnt in its dynamics
-              g what its value head knows.
+              gamma d v(h(o')), d the environment's discount: after a true terminal (d = 0)
+              that is r alone, so there the second figures only say what the model's would
+              be were its dynamics exact; after a non-terminal outcome (a Freeway collision)
+              they are the price the value head itself puts on it. A model whose first
+              figures fall well short of these has not learnt it in its dynamics g.
 
 A reward that the trained model misses but a fit on the same data finds points at the joint
 training; one that no fit generalises points at the network (or at too few rewarded
@@ -64,8 +68,6 @@ _UPDATES = flags.DEFINE_integer("fit_updates", 4000, "Adam updates of each fit."
 _BATCH = flags.DEFINE_integer("fit_batch", 256, "Transitions per fit update.")
 _LR = flags.DEFINE_float("fit_learning_rate", 3e-3, "Adam's step size in the fits.")
 _DECISIVE = flags.DEFINE_integer("decisive_states", 0, "States for the terminal probe (0: none).")
-_OUTCOME = flags.DEFINE_enum("decisive_outcome", "terminal", ["terminal", "freeway_collision"],
-                             "What makes an action fatal in the terminal probe.")
 
 
 def transitions(items: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -77,6 +79,43 @@ def transitions(items: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     observation = np.asarray(items["observation"])[:, :-1][valid]
     return (observation, np.asarray(items["action"])[:, :-1][valid],
             np.asarray(items["reward"])[:, 1:][valid])
+
+
+def into_terminal(items: dict) -> np.ndarray:
+    """[N] bool, aligned with `transitions(items)`: whether r_{t+1} arrives with a true
+    terminal o_{t+1} (LAST with discount 0), where MuZero trains v(g(h(o_t), a_t)) to 0."""
+    step_type = np.asarray(items["step_type"])
+    valid = (step_type[:, :-1] != StepType.LAST) & (step_type[:, 1:] != StepType.FIRST)
+    terminal = (step_type[:, 1:] == StepType.LAST) & (np.asarray(items["discount"])[:, 1:] == 0)
+    return terminal[valid]
+
+
+def next_value_fn(network, support_size: int):
+    """jitted (params, o [N, ...], a [N]) -> [N] v(g(h(o), a)): the model's value one step on."""
+
+    @jax.jit
+    def predict(params, observation, action):
+        latent = network.apply(params, observation, method="represent")
+        _, next_latent = network.apply(params, latent, action, method="dynamics")
+        return value_to_scalar(network.apply(params, next_latent, method="predict")[1],
+                               support_size)
+
+    def batched(params, observation, action, size: int = 4096):
+        return np.concatenate([np.asarray(predict(params, observation[i:i + size],
+                                                  action[i:i + size]))
+                               for i in range(0, len(action), size)])
+
+    return batched
+
+
+def terminal_recall(next_value: np.ndarray, terminal: np.ndarray) -> str:
+    """The replay's terminal line: v(g(h(o), a)) on stored steps into a true terminal (trained
+    toward 0) and on the others."""
+    if not terminal.any():
+        return f"no steps into a terminal among {len(terminal):,}"
+    return (f"v(g(h(o), a)) {next_value[terminal].mean():.3f} on the {int(terminal.sum()):,} "
+            f"steps into a terminal (target 0), {next_value[~terminal].mean():.3f} on the "
+            f"other {int((~terminal).sum()):,}")
 
 
 def reward_fn(network, support_size: int):
@@ -152,6 +191,8 @@ def freeway_collision(timestep, next_timestep) -> Array:
 
 
 OUTCOMES = {"terminal": ends_the_episode, "freeway_collision": freeway_collision}
+_OUTCOME = flags.DEFINE_enum("decisive_outcome", "terminal", list(OUTCOMES),
+                             "What makes an action fatal in the terminal probe.")
 
 
 def decisive_states(env, key, *, num_envs: int = 64, steps: int = 200,
@@ -247,8 +288,12 @@ def main(argv):
     run_params = [{"params": jax.tree.map(lambda x, r=r: jnp.asarray(x[0, r]), params)}
                   for r in range(runs)]
     predict = reward_fn(network, support)
+    next_value = next_value_fn(network, support)
     for r in range(runs):
         print(f"trained run {r}: {summary(predict(run_params[r], *data[r][:2]), data[r][2])}")
+        terminal = into_terminal(jax.tree.map(lambda x, r=r: x[0, r], items))
+        print(f"trained run {r}: "
+              f"{terminal_recall(next_value(run_params[r], *data[r][:2]), terminal)}")
     if runs > 1:
         train, held_out = data[0], data[1]
     else:
@@ -269,7 +314,8 @@ def main(argv):
             print(f"terminal run {r}: "
                   f"{terminal_summary(np.asarray(q_fn(run_params[r], observation)), fatal)}; "
                   f"mean v(h(o)) {float(np.mean(v_fn(run_params[r], observation))):.3f}")
-            # The same actions valued from the states they really lead to: r + gamma v(h(o')).
+            # The same actions valued from the states they really lead to: r + gamma d v(h(o')),
+            # so r alone after a true terminal.
             next_v = np.asarray(v_fn(run_params[r], following.observation.reshape(
                 (-1,) + following.observation.shape[2:]))).reshape(fatal.shape)
             real_q = (following.reward + float(agent_config.discount) * following.discount

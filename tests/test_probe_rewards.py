@@ -30,6 +30,28 @@ def test_transitions_pair_each_action_with_the_next_reward_inside_an_episode():
     np.testing.assert_array_equal(reward, [1.0, 2.0, 4.0, 5.0])
 
 
+def test_into_terminal_flags_the_steps_into_a_true_terminal_only():
+    # Two windows of 5: a terminal (LAST, discount 0) at t=2; a truncation (LAST, discount 1)
+    # at t=2, which bootstraps and is no death.
+    items = {
+        "observation": np.arange(10, dtype=np.float32).reshape(2, 5, 1),
+        "action": np.zeros((2, 5), np.int32),
+        "reward": np.zeros((2, 5), np.float32),
+        "discount": np.array([[1, 1, 0, 1, 1], [1, 1, 1, 1, 1]], np.float32),
+        "step_type": np.array([[FIRST, MID, LAST, FIRST, MID]] * 2, np.int8),
+    }
+    observation, _, _ = probe_rewards.transitions(items)
+    terminal = probe_rewards.into_terminal(items)
+    # Steps o_0->o_1, o_1->o_2, o_3->o_4 of each window; only o_1->o_2 of the first dies.
+    np.testing.assert_array_equal(observation[:, 0], [0, 1, 3, 5, 6, 8])
+    np.testing.assert_array_equal(terminal, [False, True, False, False, False, False])
+    line = probe_rewards.terminal_recall(np.array([0.5, 0.1, 0.5, 0.4, 0.4, 0.2]), terminal)
+    assert line == ("v(g(h(o), a)) 0.100 on the 1 steps into a terminal (target 0), 0.400 on "
+                    "the other 5")
+    assert "no steps into a terminal among 6" in probe_rewards.terminal_recall(
+        np.zeros(6), np.zeros(6, bool))
+
+
 def test_the_fit_learns_a_reward_that_depends_on_the_action():
     # r_{t+1} = 1 when a_t is the index of the lit cell of o_t (of 3), else 0.
     rng = np.random.default_rng(0)
