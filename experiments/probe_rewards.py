@@ -12,7 +12,9 @@ is not LAST, and prints:
               (r_{t+1} > 0) and for those that were not, and the share of rewarded ones
               predicted above 0.5 (recall); then the model's value one step on, v(g(h(o_t),
               a_t)), on the stored steps into a true terminal, where it is trained toward 0,
-              and on the others: whether the dynamics learnt the deaths it was trained on;
+              and on the others, each beside the value v(h(o_t)) of the states they start
+              from: whether the dynamics learnt the deaths it was trained on; and the value
+              v(h(o)) of the stored terminal observations themselves, also trained toward 0;
   fit         for each network of --networks, the same reward model (h, g and the reward
               head, the run's widths) trained from scratch on the first run's transitions
               alone (cross-entropy on the agent's support, Adam), then measured on the
@@ -90,32 +92,44 @@ def into_terminal(items: dict) -> np.ndarray:
     return terminal[valid]
 
 
-def next_value_fn(network, support_size: int):
-    """jitted (params, o [N, ...], a [N]) -> [N] v(g(h(o), a)): the model's value one step on."""
+def terminal_observations(items: dict) -> np.ndarray:
+    """[W, L] bool: which stored timesteps of replay windows (leaves [W, L, ...]) are true
+    terminals (LAST with discount 0), whose value target is 0."""
+    return ((np.asarray(items["step_type"]) == StepType.LAST)
+            & (np.asarray(items["discount"]) == 0))
+
+
+def values_fn(network, support_size: int):
+    """jitted (params, o [N, ...], a [N]) -> [2, N]: the value of each state, v(h(o)), and the
+    model's value one step on, v(g(h(o), a))."""
 
     @jax.jit
     def predict(params, observation, action):
         latent = network.apply(params, observation, method="represent")
         _, next_latent = network.apply(params, latent, action, method="dynamics")
-        return value_to_scalar(network.apply(params, next_latent, method="predict")[1],
-                               support_size)
+        return jnp.stack([
+            value_to_scalar(network.apply(params, x, method="predict")[1], support_size)
+            for x in (latent, next_latent)])
 
     def batched(params, observation, action, size: int = 4096):
         return np.concatenate([np.asarray(predict(params, observation[i:i + size],
                                                   action[i:i + size]))
-                               for i in range(0, len(action), size)])
+                               for i in range(0, len(action), size)], axis=1)
 
     return batched
 
 
-def terminal_recall(next_value: np.ndarray, terminal: np.ndarray) -> str:
-    """The replay's terminal line: v(g(h(o), a)) on stored steps into a true terminal (trained
-    toward 0) and on the others."""
+def terminal_recall(values: np.ndarray, terminal: np.ndarray) -> str:
+    """The replay's terminal line for `values` [2, N] (`values_fn`): v(g(h(o), a)) on stored
+    steps into a true terminal (trained toward 0) and on the others, each with the mean value
+    v(h(o)) of the states they start from (a state about to end may be worth less already)."""
     if not terminal.any():
         return f"no steps into a terminal among {len(terminal):,}"
+    state, next_value = values
     return (f"v(g(h(o), a)) {next_value[terminal].mean():.3f} on the {int(terminal.sum()):,} "
-            f"steps into a terminal (target 0), {next_value[~terminal].mean():.3f} on the "
-            f"other {int((~terminal).sum()):,}")
+            f"steps into a terminal (target 0; v(h(o)) {state[terminal].mean():.3f}), "
+            f"{next_value[~terminal].mean():.3f} on the other {int((~terminal).sum()):,} "
+            f"(v(h(o)) {state[~terminal].mean():.3f})")
 
 
 def reward_fn(network, support_size: int):
@@ -288,12 +302,22 @@ def main(argv):
     run_params = [{"params": jax.tree.map(lambda x, r=r: jnp.asarray(x[0, r]), params)}
                   for r in range(runs)]
     predict = reward_fn(network, support)
-    next_value = next_value_fn(network, support)
+    values = values_fn(network, support)
+    v_fn = jax.jit(lambda p, o: value_to_scalar(network.apply(
+        p, network.apply(p, o, method="represent"), method="predict")[1], support))
     for r in range(runs):
         print(f"trained run {r}: {summary(predict(run_params[r], *data[r][:2]), data[r][2])}")
         terminal = into_terminal(jax.tree.map(lambda x, r=r: x[0, r], items))
         print(f"trained run {r}: "
-              f"{terminal_recall(next_value(run_params[r], *data[r][:2]), terminal)}")
+              f"{terminal_recall(values(run_params[r], *data[r][:2]), terminal)}")
+        run_items = jax.tree.map(lambda x, r=r: np.asarray(x[0, r]), items)
+        ends = run_items["observation"][terminal_observations(run_items)]
+        if len(ends):
+            v_end = np.concatenate([np.asarray(v_fn(run_params[r], ends[i:i + 4096]))
+                                    for i in range(0, len(ends), 4096)])
+            print(f"trained run {r}: v(h(o)) {v_end.mean():.3f} on the {len(ends):,} stored "
+                  f"terminal observations (target 0; below 0.05 in "
+                  f"{np.mean(v_end < 0.05):.2f})")
     if runs > 1:
         train, held_out = data[0], data[1]
     else:
@@ -308,8 +332,6 @@ def main(argv):
         num_actions = fatal.shape[1]
         q_fn = jax.jit(lambda p, o: one_step_q(network, p, o, support,
                                                float(agent_config.discount)))
-        v_fn = jax.jit(lambda p, o: value_to_scalar(network.apply(
-            p, network.apply(p, o, method="represent"), method="predict")[1], support))
         for r in range(runs):
             print(f"terminal run {r}: "
                   f"{terminal_summary(np.asarray(q_fn(run_params[r], observation)), fatal)}; "

@@ -45,11 +45,15 @@ def test_into_terminal_flags_the_steps_into_a_true_terminal_only():
     # Steps o_0->o_1, o_1->o_2, o_3->o_4 of each window; only o_1->o_2 of the first dies.
     np.testing.assert_array_equal(observation[:, 0], [0, 1, 3, 5, 6, 8])
     np.testing.assert_array_equal(terminal, [False, True, False, False, False, False])
-    line = probe_rewards.terminal_recall(np.array([0.5, 0.1, 0.5, 0.4, 0.4, 0.2]), terminal)
-    assert line == ("v(g(h(o), a)) 0.100 on the 1 steps into a terminal (target 0), 0.400 on "
-                    "the other 5")
+    values = np.array([[0.6, 0.3, 0.6, 0.5, 0.5, 0.4],  # v(h(o))
+                       [0.5, 0.1, 0.5, 0.4, 0.4, 0.2]])  # v(g(h(o), a))
+    line = probe_rewards.terminal_recall(values, terminal)
+    assert line == ("v(g(h(o), a)) 0.100 on the 1 steps into a terminal (target 0; v(h(o)) "
+                    "0.300), 0.400 on the other 5 (v(h(o)) 0.520)")
+    np.testing.assert_array_equal(probe_rewards.terminal_observations(items),
+                                  [[False, False, True, False, False], [False] * 5])
     assert "no steps into a terminal among 6" in probe_rewards.terminal_recall(
-        np.zeros(6), np.zeros(6, bool))
+        np.zeros((2, 6)), np.zeros(6, bool))
 
 
 def test_the_fit_learns_a_reward_that_depends_on_the_action():
