@@ -298,13 +298,19 @@ def main(argv):
     network = make_network(agent_config, env_spec)
     print(f"{config['env']['name']}, {agent_config.name} ({network.kind}), "
           f"{metadata['env_steps']:,} steps, {runs} run(s)")
+    # A run with `reward_scale` stored its rewards, and learnt its model, in scaled units:
+    # every figure below is divided back into the environment's.
+    scale = float(agent_config.get("reward_scale", 1.0))
     data = [transitions(jax.tree.map(lambda x, r=r: x[0, r], items)) for r in range(runs)]
+    data = [(o, a, r_next / scale) for o, a, r_next in data]
     run_params = [{"params": jax.tree.map(lambda x, r=r: jnp.asarray(x[0, r]), params)}
                   for r in range(runs)]
-    predict = reward_fn(network, support)
-    values = values_fn(network, support)
+    reward_scaled = reward_fn(network, support)
+    values_scaled = values_fn(network, support)
+    predict = lambda *args: reward_scaled(*args) / scale
+    values = lambda *args: values_scaled(*args) / scale
     v_fn = jax.jit(lambda p, o: value_to_scalar(network.apply(
-        p, network.apply(p, o, method="represent"), method="predict")[1], support))
+        p, network.apply(p, o, method="represent"), method="predict")[1], support) / scale)
     for r in range(runs):
         print(f"trained run {r}: {summary(predict(run_params[r], *data[r][:2]), data[r][2])}")
         terminal = into_terminal(jax.tree.map(lambda x, r=r: x[0, r], items))
@@ -331,7 +337,7 @@ def main(argv):
         following = jax.tree.map(lambda x: x[:_DECISIVE.value], following)
         num_actions = fatal.shape[1]
         q_fn = jax.jit(lambda p, o: one_step_q(network, p, o, support,
-                                               float(agent_config.discount)))
+                                               float(agent_config.discount)) / scale)
         for r in range(runs):
             print(f"terminal run {r}: "
                   f"{terminal_summary(np.asarray(q_fn(run_params[r], observation)), fatal)}; "

@@ -779,3 +779,32 @@ def test_storing_frames_once_can_be_turned_off_and_a_bad_value_names_the_field()
     config.store_frames_once = "False"
     with pytest.raises(ConfigError, match=r"agent\.store_frames_once.*'auto', 'on', 'off'"):
         muzero.validate(config)
+
+
+def test_rewards_enter_the_replay_multiplied_by_reward_scale():
+    trajectories, _ = _hand_worked_stream()
+    steps, _ = muzero.to_replay_steps(trajectories[0], frames_once=False, reward_scale=10.0)
+    # Rewards r_0..r_3 of the stream, 0, .1, .2, 1, times 10; nothing else changes.
+    np.testing.assert_allclose(np.asarray(steps["reward"])[:, 0], [0, 1, 2, 10], rtol=1e-6)
+    plain, _ = muzero.to_replay_steps(trajectories[0], frames_once=False)
+    np.testing.assert_allclose(np.asarray(plain["reward"])[:, 0], [0, .1, .2, 1], rtol=1e-6)
+    np.testing.assert_array_equal(steps["discount"], plain["discount"])
+    # The agent passes its field through: one learner step stores the scaled rewards.
+    spec = EnvSpec(observation=ArraySpec((1,), np.float32), action=DiscreteSpec(3))
+    config = muzero.default_config()
+    config.rollout_length, config.replay_capacity, config.reward_scale = 4, 12, 10.0
+    config.batch_size, config.min_replay_items = 2, 1000
+    agent = agents.make(config, spec)
+    state = agent.init(jax.random.PRNGKey(0))
+    state, _ = agent.learner_step(state, trajectories[0], jax.random.PRNGKey(1), axis_name=None)
+    # A window is longer than T; after one add, the first window's last 4 slots hold it.
+    np.testing.assert_allclose(np.asarray(state.replay.items["reward"])[0, -4:], [0, 1, 2, 10],
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan")])
+def test_a_bad_reward_scale_names_the_field(bad):
+    config = muzero.default_config()
+    config.reward_scale = bad
+    with pytest.raises(ConfigError, match=r"agent\.reward_scale"):
+        muzero.validate(config)

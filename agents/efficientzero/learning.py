@@ -359,7 +359,8 @@ def learner_step(network: EfficientZeroNetwork, optimizer: optax.GradientTransfo
     mz.check_trajectory(state, trajectory, rollout_length=learn.rollout_length)
     t, b = trajectory.action.shape[:2]
     devices = 1 if axis_name is None else jax.lax.psum(1, axis_name)
-    steps, sampleable = mz.to_replay_steps(trajectory, frames_once=frames_once)
+    steps, sampleable = mz.to_replay_steps(trajectory, frames_once=frames_once,
+                                           reward_scale=learn.muzero.reward_scale)
     # The add this trajectory becomes (the replay counts adds): its data's birth date.
     steps["collected_at"] = jnp.full((t, b), state.replay.adds + 1, jnp.int32)
     update = lambda s, k: learner_update(

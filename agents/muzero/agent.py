@@ -108,6 +108,11 @@ def default_config() -> ml_collections.ConfigDict:
     # value 0 and reward are trained, its policy and everything after it are not) or
     # "absorbing" (value 0, reward 0 and a uniform policy trained after it too).
     c.past_end_targets = "masked"
+    # Rewards are multiplied by this as they enter the replay, so the model's rewards and
+    # values, and every target, are in scaled units; the search is unchanged (its Q is
+    # min-max normalised) and the runner's episode returns are the environment's. On MinAtar
+    # Asterix (values below 1) every value falls between the support's first two bins.
+    c.reward_scale = 1.0
     # "bootstrap": the target network evaluates only the observations targets bootstrap
     # from; "window": all K + n + 1 of each sample (the old width, kept for benchmarks).
     c.target_positions = "bootstrap"
@@ -223,7 +228,7 @@ def learn_config(config: ml_collections.ConfigDict) -> LearnConfig:
         support_size=config.support_size, batch_size=config.batch_size,
         target_positions=config.target_positions,
         reanalyse_fraction=config.reanalyse_fraction, reanalyse_value=config.reanalyse_value,
-        past_end_targets=config.past_end_targets,
+        past_end_targets=config.past_end_targets, reward_scale=float(config.reward_scale),
         importance_anneal_updates=config.importance_anneal_updates,
         target_update_interval=config.target_update_interval,
         updates_per_step=config.updates_per_step, min_replay_items=config.min_replay_items,
@@ -304,6 +309,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("agent.latent_size", f"must be a width >= 1, got {latent!r}",
                           "set e.g. --config.agent.latent_size=128, or leave it None for the "
                           "observations' default")
+    scale = config.reward_scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ConfigError("agent.reward_scale", f"must be a number > 0, got {scale!r}",
+                          "set e.g. --config.agent.reward_scale=1.0 (rewards as they are)")
     if config.temperature_decay_updates < 0:
         raise ConfigError("agent.temperature_decay_updates",
                           f"is {config.temperature_decay_updates}",
@@ -333,7 +342,8 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     def learner_step(state: LearnerState, trajectory: Trajectory, key: PRNGKey, *,
                      axis_name: str | None) -> tuple[LearnerState, Metrics]:
         learning.check_trajectory(state, trajectory, rollout_length=rollout_length)
-        steps, sampleable = learning.to_replay_steps(trajectory, frames_once=frames_once)
+        steps, sampleable = learning.to_replay_steps(trajectory, frames_once=frames_once,
+                                                     reward_scale=learn.reward_scale)
         update = lambda s, k: learning.learner_update(network, optimizer, replay, learn, s, k,
                                                       history=history, axis_name=axis_name)
         return learning.learner_step(update, replay, state, steps, sampleable, key,

@@ -59,6 +59,7 @@ class LearnConfig:
     reanalyse_fraction: float
     reanalyse_value: str  # "target_network" | "root"
     past_end_targets: str  # "masked" | "absorbing"
+    reward_scale: float  # rewards are stored multiplied by it
     importance_anneal_updates: int
     target_update_interval: int
     updates_per_step: int
@@ -88,10 +89,12 @@ def check_trajectory(state: LearnerState, trajectory: Trajectory, *,
         )
 
 
-def to_replay_steps(trajectory: Trajectory, *, frames_once: bool) -> tuple[dict, Array]:
+def to_replay_steps(trajectory: Trajectory, *, frames_once: bool,
+                    reward_scale: float = 1.0) -> tuple[dict, Array]:
     """The T new timesteps o_0..o_{T-1} of a trajectory with the action and search policy at
     each (o_T arrives again as the next trajectory's o_0), leaves [T, B, ...], and which of
     them may be sampled as a position ([T, B] bool: not LAST, where no action is taken).
+    Rewards are stored multiplied by `reward_scale`.
 
     With `frames_once` an observation `[H, W, C]` is stored as its newest frame and a flag
     for stacks holding one frame repeated (`targets.stack_restarts`)."""
@@ -104,7 +107,7 @@ def to_replay_steps(trajectory: Trajectory, *, frames_once: bool) -> tuple[dict,
     steps = {
         **observation,
         "action": trajectory.action.astype(jnp.int32),
-        "reward": ts.reward.astype(jnp.float32),
+        "reward": ts.reward.astype(jnp.float32) * reward_scale,
         "discount": ts.discount.astype(jnp.float32),
         "step_type": ts.step_type.astype(jnp.int8),
         "policy": trajectory.extras["policy"].astype(jnp.float32),
