@@ -79,6 +79,10 @@ def default_config() -> ml_collections.ConfigDict:
     # "whole": 1/K on the whole loss, every term keeping its weight (the reference);
     # "per_step": 1/K on the predictions past step 0 only (MuZero appendix G's reading).
     c.unroll_gradient_scale = "whole"
+    # The reference's targets past a terminal (MuZero's default trains the absorbing state);
+    # EfficientZero's MinAtar results were measured with these. `from_muzero` carries the
+    # MuZero config's value, as for every MuZero field.
+    c.past_end_targets = "masked"
     # The acting schedule is MuZero's (`temperature_decay_updates`: 1.0 to half, 0.5 to three
     # quarters, then 0.25) over MuZero's 8,000 learner updates, 1M steps at Anakin's default
     # batch: the reference spreads it over its whole training (100K updates in Atari 100k,

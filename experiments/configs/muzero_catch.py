@@ -34,9 +34,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.unroll_steps = 3  # K: Catch needs no deeper model to learn quickly
     config.agent.td_steps = 5  # n: half a 9-step Catch episode; learns faster than 10 with alpha > 0
     # Catch's 9-step episodes put a terminal inside many K = 3 unrolls. Training the absorbing
-    # state after it (value 0, reward 0, uniform policy) costs MuZero nothing here and keeps
-    # EfficientZero's value-prefix model from stalling at a training return of 0.8
-    # (docs/efficientzero.md); the reference masks those targets ("masked", the default).
+    # state after it (value 0, reward 0, uniform policy; MuZero's default) keeps the
+    # EfficientZero config built from this one from stalling at a training return of 0.8
+    # (docs/efficientzero.md), where its own default masks them as its reference does.
     config.agent.past_end_targets = "absorbing"
     # mctx's Q normalisation, which this config's recorded results were measured with (MuZero's
     # default is the tree's min-max, "tree_min_max").
