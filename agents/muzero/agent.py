@@ -112,9 +112,10 @@ def default_config() -> ml_collections.ConfigDict:
     # episode ends in a terminal (Freeway) (docs/results.md).
     c.past_end_targets = "absorbing"
     # Rewards are multiplied by this as they enter the replay, so the model's rewards and
-    # values, and every target, are in scaled units; the search is unchanged (its Q is
-    # min-max normalised) and the runner's episode returns are the environment's. On MinAtar
-    # Asterix (values below 1) every value falls between the support's first two bins.
+    # values, and every target, are in scaled units; the search normalises Q by its min-max
+    # range (tree_min_max: with a floor of 0.01 on it) and the runner's episode returns are
+    # the environment's. On MinAtar Asterix (values below 1) every value falls between the
+    # support's first two bins.
     c.reward_scale = 1.0
     # "bootstrap": the target network evaluates only the observations targets bootstrap
     # from; "window": all K + n + 1 of each sample (the old width, kept for benchmarks).
