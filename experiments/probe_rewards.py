@@ -313,10 +313,9 @@ def main(argv):
         p, network.apply(p, o, method="represent"), method="predict")[1], support) / scale)
     for r in range(runs):
         print(f"trained run {r}: {summary(predict(run_params[r], *data[r][:2]), data[r][2])}")
-        terminal = into_terminal(jax.tree.map(lambda x, r=r: x[0, r], items))
-        print(f"trained run {r}: "
-              f"{terminal_recall(values(run_params[r], *data[r][:2]), terminal)}")
         run_items = jax.tree.map(lambda x, r=r: np.asarray(x[0, r]), items)
+        print(f"trained run {r}: "
+              f"{terminal_recall(values(run_params[r], *data[r][:2]), into_terminal(run_items))}")
         ends = run_items["observation"][terminal_observations(run_items)]
         if len(ends):
             v_end = np.concatenate([np.asarray(v_fn(run_params[r], ends[i:i + 4096]))
