@@ -107,9 +107,10 @@ def default_config() -> ml_collections.ConfigDict:
     # Targets at and past a true terminal: "absorbing" (value 0, reward 0 and a uniform policy
     # trained at and after it) or "masked" (EfficientZero's reference: the terminal's value 0
     # and reward are trained, its policy and everything after it are not). "absorbing" since
-    # 2026-11-28: at 1M, 3 seeds, MinAtar Asterix 2.22 against 1.59, Breakout 29.2 against
-    # 21.8, Acrobot -75.8 against -83.5, level on Catch and CartPole; the same targets where no
-    # episode ends in a terminal (Freeway) (docs/results.md).
+    # 2026-11-28: at 1M, 3 seeds, MinAtar Breakout 29.2 against 21.8, SpaceInvaders 61.8
+    # against 52.4, Acrobot -75.8 against -83.5; level on Asterix (6 seeds), Catch and
+    # CartPole; the same targets where no episode ends in a terminal (Freeway)
+    # (docs/results.md).
     c.past_end_targets = "absorbing"
     # Rewards are multiplied by this as they enter the replay, so the model's rewards and
     # values, and every target, are in scaled units; the search normalises Q by its min-max
