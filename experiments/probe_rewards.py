@@ -76,20 +76,29 @@ def transitions(items: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(o_t [N, ...], a_t [N], r_{t+1} [N]) of replay windows (leaves [W, L, ...]): every
     consecutive pair inside a window whose first timestep is not LAST (a LAST takes no
     action; the timestep after it starts another episode)."""
-    step_type = np.asarray(items["step_type"])
-    valid = (step_type[:, :-1] != StepType.LAST) & (step_type[:, 1:] != StepType.FIRST)
+    valid = _pairs(items)
     observation = np.asarray(items["observation"])[:, :-1][valid]
     return (observation, np.asarray(items["action"])[:, :-1][valid],
             np.asarray(items["reward"])[:, 1:][valid])
 
 
+def _pairs(items: dict) -> np.ndarray:
+    """[W, L-1] bool: which consecutive pairs (o_t, o_{t+1}) of the windows `transitions`
+    reads (o_t not LAST, o_{t+1} not FIRST)."""
+    step_type = np.asarray(items["step_type"])
+    return (step_type[:, :-1] != StepType.LAST) & (step_type[:, 1:] != StepType.FIRST)
+
+
+def _in_chunks(fn, *arrays, size: int = 4096) -> np.ndarray:
+    """`fn` over `arrays` [N, ...] in chunks of `size` along N, joined on the last axis."""
+    return np.concatenate([np.asarray(fn(*(x[i:i + size] for x in arrays)))
+                           for i in range(0, len(arrays[0]), size)], axis=-1)
+
+
 def into_terminal(items: dict) -> np.ndarray:
     """[N] bool, aligned with `transitions(items)`: whether r_{t+1} arrives with a true
     terminal o_{t+1} (LAST with discount 0), where MuZero trains v(g(h(o_t), a_t)) to 0."""
-    step_type = np.asarray(items["step_type"])
-    valid = (step_type[:, :-1] != StepType.LAST) & (step_type[:, 1:] != StepType.FIRST)
-    terminal = (step_type[:, 1:] == StepType.LAST) & (np.asarray(items["discount"])[:, 1:] == 0)
-    return terminal[valid]
+    return terminal_observations(items)[:, 1:][_pairs(items)]
 
 
 def terminal_observations(items: dict) -> np.ndarray:
@@ -111,12 +120,8 @@ def values_fn(network, support_size: int):
             value_to_scalar(network.apply(params, x, method="predict")[1], support_size)
             for x in (latent, next_latent)])
 
-    def batched(params, observation, action, size: int = 4096):
-        return np.concatenate([np.asarray(predict(params, observation[i:i + size],
-                                                  action[i:i + size]))
-                               for i in range(0, len(action), size)], axis=1)
-
-    return batched
+    return lambda params, observation, action: _in_chunks(
+        lambda o, a: predict(params, o, a), observation, action)
 
 
 def terminal_recall(values: np.ndarray, terminal: np.ndarray) -> str:
@@ -141,12 +146,8 @@ def reward_fn(network, support_size: int):
         logits, _ = network.apply(params, latent, action, method="dynamics")
         return value_to_scalar(logits, support_size)
 
-    def batched(params, observation, action, size: int = 4096):
-        return np.concatenate([np.asarray(predict(params, observation[i:i + size],
-                                                  action[i:i + size]))
-                               for i in range(0, len(action), size)])
-
-    return batched
+    return lambda params, observation, action: _in_chunks(
+        lambda o, a: predict(params, o, a), observation, action)
 
 
 def summary(r_hat: np.ndarray, reward: np.ndarray) -> str:
@@ -318,8 +319,7 @@ def main(argv):
               f"{terminal_recall(values(run_params[r], *data[r][:2]), into_terminal(run_items))}")
         ends = run_items["observation"][terminal_observations(run_items)]
         if len(ends):
-            v_end = np.concatenate([np.asarray(v_fn(run_params[r], ends[i:i + 4096]))
-                                    for i in range(0, len(ends), 4096)])
+            v_end = _in_chunks(lambda o, r=r: v_fn(run_params[r], o), ends)
             print(f"trained run {r}: v(h(o)) {v_end.mean():.3f} on the {len(ends):,} stored "
                   f"terminal observations (target 0; below 0.05 in "
                   f"{np.mean(v_end < 0.05):.2f})")
