@@ -173,7 +173,7 @@ def fit_reward(network, support_size: int, train: tuple, *, updates: int, batch:
         latent = network.apply(params, observation[i], method="represent")
         logits, _ = network.apply(params, latent, action[i], method="dynamics")
         return jnp.mean(optax.softmax_cross_entropy(
-            logits, tgt.scalar_to_probs(reward[i], support_size)))
+            logits, tgt.scalar_to_probs(reward[i], support_size, logits.shape[-1])))
 
     @jax.jit
     def step(params, opt_state, key):

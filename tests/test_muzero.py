@@ -39,6 +39,68 @@ def test_two_hot_puts_mass_on_the_two_neighbouring_bins():
     np.testing.assert_allclose(probs, expected, atol=1e-5)
 
 
+def test_support_bins_space_the_two_hot_support_evenly_over_minus_s_to_s():
+    # h(0.2) = sqrt(1.2) - 1 + 0.001 * 0.2 = 0.0956451. With 201 bins on [-10, 10] (steps of
+    # 0.1) it lies between bin 100 (0.0) and bin 101 (0.1); with 21 (the integers) between
+    # bins 10 (0) and 11 (1).
+    fine = np.asarray(muzero.scalar_to_probs(jnp.array(0.2), 10, 201))
+    expected = np.zeros(201)
+    expected[100], expected[101] = 0.043549, 0.956451
+    np.testing.assert_allclose(fine, expected, atol=1e-5)
+    coarse = np.asarray(muzero.scalar_to_probs(jnp.array(0.2), 10))
+    assert coarse.shape == (21,)
+    np.testing.assert_allclose(coarse[10:12], [0.904355, 0.0956451], atol=1e-5)
+    # The inverse reads the bins from the distribution (float32 bins: within 5e-4).
+    x = jnp.array([-7.0, -0.05, 0.0, 0.2, 5.5])
+    np.testing.assert_allclose(
+        muzero.probs_to_scalar(muzero.scalar_to_probs(x, 10, 201), 10), x, atol=5e-4)
+
+
+def test_the_unroll_loss_reads_the_bins_from_the_logits():
+    # Logits log phi(z) with 201 bins: each trained step's cross-entropy is phi(z)'s entropy.
+    # z = 0.2 at steps 0 and 1 (h = 0.0956451: weights 0.043549 and 0.956451), reward 0.2 at
+    # step 1; step 2 is masked.
+    k, bins = 3, 201
+    targets = muzero.UnrollTargets(
+        reward=jnp.array([0.0, 0.2, 0.2]), value=jnp.array([0.2, 0.2, 0.2]),
+        policy=jnp.full((k, 3), 1 / 3), reward_mask=jnp.array([0.0, 1.0, 0.0]),
+        value_mask=jnp.array([1.0, 1.0, 0.0]), policy_mask=jnp.zeros(k))
+    logits = jnp.log(muzero.scalar_to_probs(targets.value, 10, bins) + 1e-30)
+    out = muzero.unroll_loss(jnp.zeros((k, 3)), logits, logits, targets, support_size=10,
+                             value_cost=1.0)
+    entropy = -(0.043549 * np.log(0.043549) + 0.956451 * np.log(0.956451))
+    np.testing.assert_allclose(out.value_loss, 2 * entropy, rtol=1e-4)
+    np.testing.assert_allclose(out.reward_loss, entropy, rtol=1e-4)
+
+
+def test_support_bins_set_the_heads_width_and_a_learner_step_runs():
+    spec = EnvSpec(observation=ArraySpec((1,), np.float32), action=DiscreteSpec(3))
+    config = muzero.default_config()
+    config.support_bins = 201
+    config.rollout_length, config.replay_capacity, config.min_replay_items = 4, 8, 3
+    config.batch_size, config.updates_per_step = 2, 1
+    config.unroll_steps, config.td_steps, config.num_simulations = 1, 2, 2
+    agent = agents.make(config, spec)
+    state = agent.init(jax.random.PRNGKey(0))
+    heads = state.params["params"]
+    for name in ("value_head", "reward_head"):
+        assert jax.tree.leaves(heads[name])[-1].shape[-1] == 201, name  # the output layer
+    trajectories, _ = _hand_worked_stream()
+    for trajectory in trajectories[:2]:
+        state, metrics = agent.learner_step(state, trajectory, jax.random.PRNGKey(1),
+                                            axis_name=None)
+    assert int(state.updates) == 1 and np.isfinite(float(metrics["loss"]))
+    assert float(metrics["value_loss"]) > 0
+
+
+@pytest.mark.parametrize("bad", [0, 1, 2.5, True, "201"])
+def test_a_bad_support_bins_names_the_field(bad):
+    config = muzero.default_config()
+    config.support_bins = bad
+    with pytest.raises(ConfigError, match=r"agent\.support_bins"):
+        muzero.validate(config)
+
+
 def test_n_step_values_stop_at_terminals_and_bootstrap_truncations():
     # o0 FIRST, o1 MID, o2 LAST (terminal, r=1), o3 FIRST, o4 MID, o5 LAST (truncated, r=2).
     rewards = jnp.array([0.0, 0.0, 1.0, 0.0, 0.5, 2.0])

@@ -60,7 +60,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.hidden_sizes = None
     c.channels = 32  # the resnet's latent channels; conv_mlp's filters
     c.num_blocks = 2  # resnet blocks in each of h, g and f
-    c.support_size = 10  # categorical value/reward support: integers in [-S, S] after h(x)
+    c.support_size = 10  # categorical value/reward support: [-S, S] after h(x)
+    # Bins of that support, evenly spaced. None: 2S + 1, one per integer (MuZero's). Values
+    # below 1, as MinAtar Asterix's, then all fall between the first two bins.
+    c.support_bins = None
     # Search.
     c.search = "muzero"  # "muzero" (PUCT + Dirichlet noise) | "gumbel"
     c.num_simulations = 16
@@ -314,6 +317,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("agent.latent_size", f"must be a width >= 1, got {latent!r}",
                           "set e.g. --config.agent.latent_size=128, or leave it None for the "
                           "observations' default")
+    bins = config.support_bins
+    if bins is not None and (not isinstance(bins, int) or isinstance(bins, bool) or bins < 2):
+        raise ConfigError("agent.support_bins", f"must be a count >= 2, got {bins!r}",
+                          "set e.g. --config.agent.support_bins=201 (steps of 0.1 for S = 10),"
+                          " or leave it None for one bin per integer")
     scale = config.reward_scale
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
         raise ConfigError("agent.reward_scale", f"must be a number > 0, got {scale!r}",

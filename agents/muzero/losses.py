@@ -58,8 +58,8 @@ def unroll_loss(policy_logits: Array, value_logits: Array, reward_logits: Array,
 
     Args:
       policy_logits: [K+1, A].
-      value_logits: [K+1, 2S+1].
-      reward_logits: [K+1, 2S+1] (step 0 is masked by `targets.reward_mask`).
+      value_logits: [K+1, B], B bins spread evenly over [-S, S] after h(x).
+      reward_logits: [K+1, B] (step 0 is masked by `targets.reward_mask`).
       targets: `unroll_targets` of the position, leaves [K+1, ...].
       support_size: S.
       value_cost: c.
@@ -68,8 +68,8 @@ def unroll_loss(policy_logits: Array, value_logits: Array, reward_logits: Array,
     ce = optax.softmax_cross_entropy
     policy = jnp.sum(targets.policy_mask * ce(policy_logits, targets.policy))
     value = jnp.sum(targets.value_mask * ce(
-        value_logits, tgt.scalar_to_probs(targets.value, support_size)))
+        value_logits, tgt.scalar_to_probs(targets.value, support_size, value_logits.shape[-1])))
     reward = jnp.sum(targets.reward_mask * ce(
-        reward_logits, tgt.scalar_to_probs(targets.reward, support_size)))
+        reward_logits, tgt.scalar_to_probs(targets.reward, support_size, reward_logits.shape[-1])))
     loss = (policy + value_cost * value + reward) / policy_logits.shape[0]
     return LossOutput(loss=loss, policy_loss=policy, value_loss=value, reward_loss=reward)

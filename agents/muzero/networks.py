@@ -192,6 +192,12 @@ BOARD_WIDTH = 128
 DEFAULT_WIDTH = 64
 
 
+def support_bins(config: ml_collections.ConfigDict) -> int:
+    """Bins of the value and reward supports: `config.support_bins`, or 2S + 1 when None."""
+    bins = config.get("support_bins")
+    return 2 * config.support_size + 1 if bins is None else int(bins)
+
+
 def mlp_widths(config: ml_collections.ConfigDict, env_spec: EnvSpec
                ) -> tuple[tuple[int, ...], int]:
     """(hidden_sizes, latent_size): the config's where set, else the default for `env_spec`'s
@@ -231,7 +237,7 @@ def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> MuZero
     hidden_sizes, latent_size = mlp_widths(config, env_spec)
     return MuZeroNetwork(
         num_actions=env_spec.action.num_values,
-        num_bins=2 * config.support_size + 1,
+        num_bins=support_bins(config),
         kind=kind,
         latent_size=latent_size,
         hidden_sizes=hidden_sizes,

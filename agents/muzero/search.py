@@ -37,7 +37,8 @@ class SearchConfig:
 
 
 def value_to_scalar(logits: Array, support_size: int) -> Array:
-    """[..., 2S+1] categorical logits on the h-transformed support -> [...] scalar values."""
+    """[..., B] categorical logits on the h-transformed support (B evenly spaced points of
+    [-S, S]) -> [...] scalar values."""
     return tgt.probs_to_scalar(jax.nn.softmax(logits), support_size)
 
 

@@ -13,19 +13,21 @@ import rlax
 from podracer.types import Array, StepType
 
 
-def scalar_to_probs(x: Array, support_size: int) -> Array:
+def scalar_to_probs(x: Array, support_size: int, num_bins: int | None = None) -> Array:
     """h(x) = sign(x)(sqrt(|x|+1)-1)+eps x (Pohlen et al., 2018), as a two-hot distribution
-    over the integer support [-support_size, support_size]."""
+    over `num_bins` evenly spaced points of [-support_size, support_size] (None: 2S + 1, the
+    integers)."""
+    bins = 2 * support_size + 1 if num_bins is None else num_bins
     return rlax.transform_to_2hot(
-        rlax.signed_hyperbolic(x), -float(support_size), float(support_size), 2 * support_size + 1
-    )
+        rlax.signed_hyperbolic(x), -float(support_size), float(support_size), bins)
 
 
 def probs_to_scalar(probs: Array, support_size: int) -> Array:
-    """The inverse of `scalar_to_probs`: expectation on the support, then h^-1."""
+    """The inverse of `scalar_to_probs`: expectation on the support (as many evenly spaced
+    points of [-S, S] as `probs` has bins), then h^-1."""
     return rlax.signed_parabolic(
         rlax.transform_from_2hot(probs, -float(support_size), float(support_size),
-                                 2 * support_size + 1)
+                                 probs.shape[-1])
     )
 
 
