@@ -62,7 +62,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.num_blocks = 2  # resnet blocks in each of h, g and f
     c.support_size = 10  # categorical value/reward support: [-S, S] after h(x)
     # Bins of that support, evenly spaced. None: 2S + 1, one per integer (MuZero's). Values
-    # below 1, as MinAtar Asterix's, then all fall between the first two bins.
+    # below 1, as MinAtar Asterix's, then all fall between the first two bins; 201 (steps of
+    # 0.1) did not help there: 1.47 against 2.22 at 1M, 3 seeds (docs/results.md).
     c.support_bins = None
     # Search.
     c.search = "muzero"  # "muzero" (PUCT + Dirichlet noise) | "gumbel"
@@ -110,10 +111,10 @@ def default_config() -> ml_collections.ConfigDict:
     # Targets at and past a true terminal: "absorbing" (value 0, reward 0 and a uniform policy
     # trained at and after it) or "masked" (EfficientZero's reference: the terminal's value 0
     # and reward are trained, its policy and everything after it are not). "absorbing" since
-    # 2026-11-28: at 1M, 3 seeds, MinAtar Breakout 29.2 against 21.8, SpaceInvaders 61.8
-    # against 52.4, Acrobot -75.8 against -83.5; level on Asterix (6 seeds), Catch and
-    # CartPole; the same targets where no episode ends in a terminal (Freeway)
-    # (docs/results.md).
+    # 2026-11-28: at 1M, 3 seeds on one machine, MinAtar Breakout 29.2 against 20.2,
+    # SpaceInvaders 61.8 against 54.0; Acrobot -75.8 against -83.5; level on Asterix (6
+    # seeds), Catch and CartPole; the same targets where no episode ends in a terminal
+    # (Freeway) (docs/results.md).
     c.past_end_targets = "absorbing"
     # Rewards are multiplied by this as they enter the replay, so the model's rewards and
     # values, and every target, are in scaled units; the search normalises Q by its min-max
