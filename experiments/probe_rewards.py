@@ -38,6 +38,13 @@ is not LAST, and prints:
               they are the price the value head itself puts on it. A model whose first
               figures fall well short of these has not learnt it in its dynamics g.
 
+  greedy      with --greedy_games=N: for each run, N fresh games of --greedy_steps steps
+              played by the argmax of the run's search (no root noise), and along them the
+              spread of Q over the root's visited actions (max - min, the environment's
+              units), the most visited action's share of the visits, its lead in visits
+              over the second, and the root value: how much the search tells the actions
+              apart where it acts.
+
 A reward that the trained model misses but a fit on the same data finds points at the joint
 training; one that no fit generalises points at the network (or at too few rewarded
 transitions).
@@ -57,8 +64,9 @@ from absl import app, flags
 
 import envs_jax
 from agents.muzero import targets as tgt
+from agents.muzero.agent import search_config
 from agents.muzero.networks import make_network, resolve_network
-from agents.muzero.search import value_to_scalar
+from agents.muzero.search import run_search, value_to_scalar
 from envs_jax.wrappers import AutoReset
 from podracer import checkpoint
 from podracer.types import Array, EnvSpec, StepType
@@ -70,6 +78,9 @@ _UPDATES = flags.DEFINE_integer("fit_updates", 4000, "Adam updates of each fit."
 _BATCH = flags.DEFINE_integer("fit_batch", 256, "Transitions per fit update.")
 _LR = flags.DEFINE_float("fit_learning_rate", 3e-3, "Adam's step size in the fits.")
 _DECISIVE = flags.DEFINE_integer("decisive_states", 0, "States for the terminal probe (0: none).")
+_GREEDY = flags.DEFINE_integer("greedy_games", 0, "Games for the greedy probe (0: none).")
+_GREEDY_STEPS = flags.DEFINE_integer("greedy_steps", 2500,
+                                     "Steps of each greedy game (MinAtar Freeway's length).")
 
 
 def transitions(items: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -261,6 +272,46 @@ def one_step_q(network, params, observation, support_size: int, discount: float)
     return jax.vmap(q, out_axes=1)(jnp.arange(network.num_actions))
 
 
+def root_statistics(q: np.ndarray, visits: np.ndarray) -> dict[str, np.ndarray]:
+    """Per search, from the root's children's Q and visit counts ([..., A]): `spread`, max -
+    min Q over the visited actions (NaN with fewer than two); `top_share`, the most visited
+    action's share of the visits; `lead`, its visits minus the second most visited's."""
+    visited = visits > 0
+    high = np.where(visited, q, -np.inf).max(-1)
+    low = np.where(visited, q, np.inf).min(-1)
+    spread = np.where(visited.sum(-1) >= 2, high - low, np.nan)
+    ordered = np.sort(visits, -1)
+    return {"spread": spread, "top_share": ordered[..., -1] / visits.sum(-1),
+            "lead": ordered[..., -1] - ordered[..., -2]}
+
+
+def greedy_play(network, params, env, settings, key, *, games: int, steps: int):
+    """`games` fresh games of `steps` steps acted by the argmax of the search's visits (as
+    the runners' evaluation): per step [steps, games], the rewards, the actions, the
+    root value, and the root children's Q and visits ([steps, games, A]); a game's rewards
+    after its first LAST count as 0."""
+    reset_key, play_key = jax.random.split(key)
+    env_state, timestep = jax.vmap(env.reset)(jax.random.split(reset_key, games))
+
+    def step(carry, key):
+        env_state, timestep, done = carry
+        out = run_search(network, params, timestep.observation, key, settings,
+                         evaluation=True, temperature=1.0)
+        root = jnp.zeros(games, jnp.int32)
+        action = jnp.argmax(out.action_weights, -1).astype(jnp.int32)
+        env_state, next_timestep = jax.vmap(env.step)(env_state, action)
+        # Rewards after a game's first LAST are not its own (as the runners' evaluation).
+        reward = jnp.where(done, 0.0, next_timestep.reward)
+        return (env_state, next_timestep, done | next_timestep.last()), {
+            "reward": reward, "action": action,
+            "value": out.search_tree.node_values[:, 0], "q": out.search_tree.qvalues(root),
+            "visits": out.search_tree.children_visits[:, 0]}
+
+    carry = (env_state, timestep, jnp.zeros(games, bool))
+    _, outs = jax.lax.scan(step, carry, jax.random.split(play_key, steps))
+    return outs
+
+
 def terminal_summary(q: np.ndarray, fatal: np.ndarray) -> str:
     """The terminal probe's line (module docstring) for Q [N, A] on decisive states."""
     picked_safe = ~fatal[np.arange(len(q)), q.argmax(axis=1)]
@@ -349,6 +400,22 @@ def main(argv):
                       * next_v)
             print(f"terminal run {r}, from the real next states: "
                   f"{terminal_summary(real_q, fatal)} ({num_actions} actions)")
+    if _GREEDY.value:
+        play = jax.jit(lambda p, k: greedy_play(
+            network, p, env, search_config(agent_config), k, games=_GREEDY.value,
+            steps=_GREEDY_STEPS.value))
+        for r in range(runs):
+            out = jax.tree.map(np.asarray, play(run_params[r], jax.random.PRNGKey(0)))
+            stats = root_statistics(out["q"] / scale, out["visits"])
+            shares = np.bincount(out["action"].ravel(), minlength=network.num_actions)
+            print(f"greedy run {r}: return {out['reward'].sum(0).mean() / scale:.2f} over "
+                  f"{_GREEDY.value} games of {_GREEDY_STEPS.value:,} steps; root value "
+                  f"{out['value'].mean() / scale:.3f}; Q spread over the visited actions: "
+                  f"median {np.nanmedian(stats['spread']):.4f}, mean "
+                  f"{np.nanmean(stats['spread']):.4f}; most visited share: median "
+                  f"{np.median(stats['top_share']):.3f}; its lead: median "
+                  f"{np.median(stats['lead']):.0f} visits; actions "
+                  f"{np.round(shares / shares.sum(), 3).tolist()}")
     for kind in _NETWORKS.value:
         config_k = ml_collections.ConfigDict(config["agent"])
         config_k.network = kind

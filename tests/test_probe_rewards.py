@@ -178,3 +178,40 @@ def test_decisive_states_can_return_where_each_action_leads():
     np.testing.assert_array_equal(following.observation[at_0].argmax(-1), [[0, 1]] * at_0.sum())
     np.testing.assert_array_equal(following.discount[at_0], [[0.0, 1.0]] * at_0.sum())
     np.testing.assert_array_equal(fatal[at_0], following.discount[at_0] == 0)
+
+
+def test_root_statistics_read_the_visited_actions_only():
+    # Search 0: Q .50 / .49 / .70 with visits 10 / 6 / 0 -> spread over the visited .01, the
+    # top action holds 10 of 16 visits, 4 more than the second. Search 1: one action visited
+    # -> no spread (NaN); a tie -> lead 0.
+    q = np.array([[0.50, 0.49, 0.70], [0.2, 0.9, 0.1], [0.3, 0.1, 0.2]])
+    visits = np.array([[10, 6, 0], [0, 16, 0], [8, 0, 8]])
+    stats = probe_rewards.root_statistics(q, visits)
+    np.testing.assert_allclose(stats["spread"], [0.01, np.nan, 0.1], atol=1e-12)
+    np.testing.assert_allclose(stats["top_share"], [10 / 16, 1.0, 0.5])
+    np.testing.assert_array_equal(stats["lead"], [4, 16, 0])
+
+
+def test_greedy_play_of_a_fresh_network_sees_no_q_spread_and_counts_one_game():
+    # A fresh MuZero network predicts r_hat = v = 0 (test above), so every root Q is 0; Catch's
+    # game lasts 9 steps and rewards once at its end, so 20 steps count that reward once.
+    import envs_jax
+    from agents.muzero.agent import search_config
+
+    env = envs_jax.make("catch")
+    spec = EnvSpec(observation=env.observation_spec(), action=env.action_spec())
+    config = muzero.default_config()
+    config.num_simulations = 8
+    network = make_network(config, spec)
+    obs = jnp.zeros((1,) + spec.observation.shape, spec.observation.dtype)
+    params = network.init(jax.random.PRNGKey(0), obs, jnp.zeros((1,), jnp.int32))
+    out = jax.tree.map(np.asarray, probe_rewards.greedy_play(
+        network, params, env, search_config(config), jax.random.PRNGKey(1), games=4,
+        steps=20))
+    assert out["q"].shape == (20, 4, 3) and out["visits"].shape == (20, 4, 3)
+    np.testing.assert_array_equal(out["visits"].sum(-1), 8)
+    np.testing.assert_allclose(out["q"], 0.0, atol=1e-3)
+    # Each game's one catch-or-miss reward (+1 or -1), and nothing from the game after it.
+    np.testing.assert_array_equal(np.abs(out["reward"]).sum(0), 1.0)
+    assert set(np.unique(out["reward"])) <= {-1.0, 0.0, 1.0}
+    np.testing.assert_array_equal(out["action"], out["visits"].argmax(-1))
