@@ -408,7 +408,8 @@ def main(argv):
             out = jax.tree.map(np.asarray, play(run_params[r], jax.random.PRNGKey(0)))
             stats = root_statistics(out["q"] / scale, out["visits"])
             shares = np.bincount(out["action"].ravel(), minlength=network.num_actions)
-            print(f"greedy run {r}: return {out['reward'].sum(0).mean() / scale:.2f} over "
+            # The games' rewards are the environment's; the model's Q and values are scaled.
+            print(f"greedy run {r}: return {out['reward'].sum(0).mean():.2f} over "
                   f"{_GREEDY.value} games of {_GREEDY_STEPS.value:,} steps; root value "
                   f"{out['value'].mean() / scale:.3f}; Q spread over the visited actions: "
                   f"median {np.nanmedian(stats['spread']):.4f}, mean "
