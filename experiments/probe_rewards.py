@@ -42,8 +42,10 @@ is not LAST, and prints:
               played by the argmax of the run's search (no root noise), and along them the
               spread of Q over the root's visited actions (max - min, the environment's
               units), the most visited action's share of the visits, its lead in visits
-              over the second, and the root value: how much the search tells the actions
-              apart where it acts.
+              over the second, the root value, and the range of Q over every visited edge
+              of the tree (what `q_transform="tree_min_max"` divides by, floored at 0.01 of
+              the model's units): how much the search tells the actions apart where it
+              acts.
 
 A reward that the trained model misses but a fit on the same data finds points at the joint
 training; one that no fit generalises points at the network (or at too few rewarded
@@ -66,7 +68,7 @@ import envs_jax
 from agents.muzero import targets as tgt
 from agents.muzero.agent import search_config
 from agents.muzero.networks import make_network, resolve_network
-from agents.muzero.search import run_search, value_to_scalar
+from agents.muzero.search import TREE_MIN_MAX_FLOOR, run_search, value_to_scalar, visited_q_bounds
 from envs_jax.wrappers import AutoReset
 from podracer import checkpoint
 from podracer.types import Array, EnvSpec, StepType
@@ -288,7 +290,8 @@ def root_statistics(q: np.ndarray, visits: np.ndarray) -> dict[str, np.ndarray]:
 def greedy_play(network, params, env, settings, key, *, games: int, steps: int):
     """`games` fresh games of `steps` steps acted by the argmax of the search's visits (as
     the runners' evaluation): per step [steps, games], the rewards, the actions, the
-    root value, and the root children's Q and visits ([steps, games, A]); a game's rewards
+    root value, the range of Q over the whole tree's visited edges (what `tree_min_max`
+    divides by), and the root children's Q and visits ([steps, games, A]); a game's rewards
     after its first LAST count as 0."""
     reset_key, play_key = jax.random.split(key)
     env_state, timestep = jax.vmap(env.reset)(jax.random.split(reset_key, games))
@@ -298,6 +301,7 @@ def greedy_play(network, params, env, settings, key, *, games: int, steps: int):
         out = run_search(network, params, timestep.observation, key, settings,
                          evaluation=True, temperature=1.0)
         root = jnp.zeros(games, jnp.int32)
+        low, high = jax.vmap(visited_q_bounds)(out.search_tree)
         action = jnp.argmax(out.action_weights, -1).astype(jnp.int32)
         env_state, next_timestep = jax.vmap(env.step)(env_state, action)
         # Rewards after a game's first LAST are not its own (as the runners' evaluation).
@@ -305,7 +309,8 @@ def greedy_play(network, params, env, settings, key, *, games: int, steps: int):
         return (env_state, next_timestep, done | next_timestep.last()), {
             "reward": reward, "action": action,
             "value": out.search_tree.node_values[:, 0], "q": out.search_tree.qvalues(root),
-            "visits": out.search_tree.children_visits[:, 0]}
+            "visits": out.search_tree.children_visits[:, 0],
+            "tree_range": high - low}
 
     carry = (env_state, timestep, jnp.zeros(games, bool))
     _, outs = jax.lax.scan(step, carry, jax.random.split(play_key, steps))
@@ -415,7 +420,10 @@ def main(argv):
                   f"median {np.nanmedian(stats['spread']):.4f}, mean "
                   f"{np.nanmean(stats['spread']):.4f}; most visited share: median "
                   f"{np.median(stats['top_share']):.3f}; its lead: median "
-                  f"{np.median(stats['lead']):.0f} visits; actions "
+                  f"{np.median(stats['lead']):.0f} visits; Q range over the tree: median "
+                  f"{np.median(out['tree_range']) / scale:.4f}, below the "
+                  f"{TREE_MIN_MAX_FLOOR} floor in "
+                  f"{np.mean(out['tree_range'] < TREE_MIN_MAX_FLOOR):.2f}; actions "
                   f"{np.round(shares / shares.sum(), 3).tolist()}")
     for kind in _NETWORKS.value:
         config_k = ml_collections.ConfigDict(config["agent"])

@@ -13,6 +13,7 @@ import agents
 import anakin
 from agents import muzero
 from agents.muzero import networks as muzero_networks
+from agents.muzero.search import visited_q_bounds
 from agents.vtrace import networks as vtrace_networks
 from experiments.configs import muzero_catch
 from podracer import replication
@@ -787,6 +788,8 @@ def _hand_tree():
 def test_tree_min_max_q_and_parent_mean_q_match_a_hand_computation():
     tree = _hand_tree()
     # Visited edges' Q: {2, -1}: min -1, range 3.
+    low, high = visited_q_bounds(tree)
+    assert (float(low), float(high)) == pytest.approx((-1.0, 2.0))
     # Mean Q (EfficientZero's get_mean_q): root: 2 / 1 = 2; node 1: (2 + (-1)) / (1 + 1) = 0.5.
     assert float(muzero.mean_q(tree, jnp.asarray(0))) == pytest.approx(2.0)
     assert float(muzero.mean_q(tree, jnp.asarray(1))) == pytest.approx(0.5)

@@ -211,6 +211,8 @@ def test_greedy_play_of_a_fresh_network_sees_no_q_spread_and_counts_one_game():
     assert out["q"].shape == (20, 4, 3) and out["visits"].shape == (20, 4, 3)
     np.testing.assert_array_equal(out["visits"].sum(-1), 8)
     np.testing.assert_allclose(out["q"], 0.0, atol=1e-3)
+    assert out["tree_range"].shape == (20, 4)
+    np.testing.assert_allclose(out["tree_range"], 0.0, atol=1e-3)
     # Each game's one catch-or-miss reward (+1 or -1), and nothing from the game after it.
     np.testing.assert_array_equal(np.abs(out["reward"]).sum(0), 1.0)
     assert set(np.unique(out["reward"])) <= {-1.0, 0.0, 1.0}

@@ -122,6 +122,16 @@ def mean_q(tree: mctx.Tree, node_index: Array) -> Array:
     return jax.lax.fori_loop(0, n_nodes, down, jnp.zeros((), sums.dtype))
 
 
+def visited_q_bounds(tree: mctx.Tree) -> tuple[Array, Array]:
+    """([], []) the minimum and maximum Q = r + gamma v over every visited edge of an
+    unbatched tree (inf and -inf before any edge is visited): the range `tree_min_max`
+    normalises by."""
+    visited = tree.children_visits > 0
+    every_q = tree.children_rewards + tree.children_discounts * tree.children_values
+    return (jnp.min(jnp.where(visited, every_q, jnp.inf)),
+            jnp.max(jnp.where(visited, every_q, -jnp.inf)))
+
+
 def qtransform(tree: mctx.Tree, node_index: Array, *, scope: str = "parent_and_siblings",
                unvisited: str = "min", floor: float = TREE_MIN_MAX_FLOOR) -> Array:
     """[A] PUCT's value term of the children of `node_index` in an unbatched mctx tree,
@@ -140,10 +150,7 @@ def qtransform(tree: mctx.Tree, node_index: Array, *, scope: str = "parent_and_s
     qvalues = tree.qvalues(node_index)
     visits = tree.children_visits[node_index]
     if scope == "tree_min_max":
-        visited = tree.children_visits > 0
-        every_q = tree.children_rewards + tree.children_discounts * tree.children_values
-        low = jnp.min(jnp.where(visited, every_q, jnp.inf))
-        high = jnp.max(jnp.where(visited, every_q, -jnp.inf))
+        low, high = visited_q_bounds(tree)
         completed = jnp.where(visits > 0, qvalues, mean_q(tree, node_index)
                               if unvisited == "parent_mean" else low)
         spread = high - low
