@@ -45,7 +45,9 @@ is not LAST, and prints:
               over the second, the root value, and the range of Q over every visited edge
               of the tree (what `q_transform="tree_min_max"` divides by, floored at 0.01 of
               the model's units): how much the search tells the actions apart where it
-              acts.
+              acts; then, from the same games' starts, the return of pressing each single
+              action throughout (Freeway's "always up" is the floor a learnt policy should
+              clear).
 
 A reward that the trained model misses but a fit on the same data finds points at the joint
 training; one that no fit generalises points at the network (or at too few rewarded
@@ -287,34 +289,51 @@ def root_statistics(q: np.ndarray, visits: np.ndarray) -> dict[str, np.ndarray]:
             "lead": ordered[..., -1] - ordered[..., -2]}
 
 
-def greedy_play(network, params, env, settings, key, *, games: int, steps: int):
-    """`games` fresh games of `steps` steps acted by the argmax of the search's visits (as
-    the runners' evaluation): per step [steps, games], the rewards, the actions, the
-    root value, the range of Q over the whole tree's visited edges (what `tree_min_max`
-    divides by), and the root children's Q and visits ([steps, games, A]); a game's rewards
-    after its first LAST count as 0."""
+def play(env, act, key, *, games: int, steps: int) -> dict[str, Array]:
+    """`games` fresh games of `steps` steps, acted by `act(observation [games, ...], key) ->
+    (action [games], extras)`: per step [steps, games, ...], the rewards, the actions and
+    the extras; a game's rewards after its first LAST count as 0 (as the runners'
+    evaluation). The games' starts depend on `key` only, not on `act`."""
     reset_key, play_key = jax.random.split(key)
     env_state, timestep = jax.vmap(env.reset)(jax.random.split(reset_key, games))
 
     def step(carry, key):
         env_state, timestep, done = carry
-        out = run_search(network, params, timestep.observation, key, settings,
-                         evaluation=True, temperature=1.0)
-        root = jnp.zeros(games, jnp.int32)
-        low, high = jax.vmap(visited_q_bounds)(out.search_tree)
-        action = jnp.argmax(out.action_weights, -1).astype(jnp.int32)
+        action, extras = act(timestep.observation, key)
         env_state, next_timestep = jax.vmap(env.step)(env_state, action)
-        # Rewards after a game's first LAST are not its own (as the runners' evaluation).
         reward = jnp.where(done, 0.0, next_timestep.reward)
         return (env_state, next_timestep, done | next_timestep.last()), {
-            "reward": reward, "action": action,
-            "value": out.search_tree.node_values[:, 0], "q": out.search_tree.qvalues(root),
-            "visits": out.search_tree.children_visits[:, 0],
-            "tree_range": high - low}
+            "reward": reward, "action": action, **extras}
 
     carry = (env_state, timestep, jnp.zeros(games, bool))
     _, outs = jax.lax.scan(step, carry, jax.random.split(play_key, steps))
     return outs
+
+
+def greedy_play(network, params, env, settings, key, *, games: int, steps: int):
+    """`play` with the argmax of the search's action weights (the visits, for PUCT; as the
+    runners' evaluation, no root noise): besides the rewards and actions, per step the root
+    value, the range of Q over the whole tree's visited edges (what `tree_min_max` divides
+    by), and the root children's Q and visits ([steps, games, A])."""
+
+    def act(observation, key):
+        out = run_search(network, params, observation, key, settings, evaluation=True,
+                         temperature=1.0)
+        root = jnp.zeros(observation.shape[0], jnp.int32)
+        low, high = jax.vmap(visited_q_bounds)(out.search_tree)
+        return jnp.argmax(out.action_weights, -1).astype(jnp.int32), {
+            "value": out.search_tree.node_values[:, 0], "q": out.search_tree.qvalues(root),
+            "visits": out.search_tree.children_visits[:, 0], "tree_range": high - low}
+
+    return play(env, act, key, games=games, steps=steps)
+
+
+def fixed_play(env, action: int, key, *, games: int, steps: int):
+    """`play` pressing `action` at every step: what the same games' starts give without
+    looking."""
+    return play(env, lambda observation, key: (
+        jnp.full(observation.shape[:1], action, jnp.int32), {}), key, games=games,
+        steps=steps)
 
 
 def terminal_summary(q: np.ndarray, fatal: np.ndarray) -> str:
@@ -406,11 +425,13 @@ def main(argv):
             print(f"terminal run {r}, from the real next states: "
                   f"{terminal_summary(real_q, fatal)} ({num_actions} actions)")
     if _GREEDY.value:
-        play = jax.jit(lambda p, k: greedy_play(
+        play_greedy = jax.jit(lambda p, k: greedy_play(
             network, p, env, search_config(agent_config), k, games=_GREEDY.value,
             steps=_GREEDY_STEPS.value))
+        play_fixed = jax.jit(lambda a, k: fixed_play(
+            env, a, k, games=_GREEDY.value, steps=_GREEDY_STEPS.value), static_argnums=0)
         for r in range(runs):
-            out = jax.tree.map(np.asarray, play(run_params[r], jax.random.PRNGKey(0)))
+            out = jax.tree.map(np.asarray, play_greedy(run_params[r], jax.random.PRNGKey(0)))
             stats = root_statistics(out["q"] / scale, out["visits"])
             shares = np.bincount(out["action"].ravel(), minlength=network.num_actions)
             # The games' rewards are the environment's; the model's Q and values are scaled.
@@ -425,6 +446,10 @@ def main(argv):
                   f"{TREE_MIN_MAX_FLOOR} floor in "
                   f"{np.mean(out['tree_range'] < TREE_MIN_MAX_FLOOR):.2f}; actions "
                   f"{np.round(shares / shares.sum(), 3).tolist()}")
+        for action in range(network.num_actions):
+            out = play_fixed(action, jax.random.PRNGKey(0))
+            print(f"always action {action}: return {float(out['reward'].sum(0).mean()):.2f} "
+                  f"over the same {_GREEDY.value} games' starts")
     for kind in _NETWORKS.value:
         config_k = ml_collections.ConfigDict(config["agent"])
         config_k.network = kind

@@ -217,3 +217,20 @@ def test_greedy_play_of_a_fresh_network_sees_no_q_spread_and_counts_one_game():
     np.testing.assert_array_equal(np.abs(out["reward"]).sum(0), 1.0)
     assert set(np.unique(out["reward"])) <= {-1.0, 0.0, 1.0}
     np.testing.assert_array_equal(out["action"], out["visits"].argmax(-1))
+
+
+def test_fixed_play_scores_each_catch_game_by_where_its_ball_falls():
+    # Catch's paddle starts in the middle column (2 of 5); pressing "stay" (1) throughout
+    # catches the ball (+1) exactly when it falls in that column, else misses (-1); one game
+    # of 9 steps fits in 12, and nothing after its end counts.
+    import envs_jax
+
+    env = envs_jax.make("catch")
+    key = jax.random.PRNGKey(3)
+    out = jax.tree.map(np.asarray, probe_rewards.fixed_play(env, 1, key, games=64, steps=12))
+    # The games' starts are `play`'s: the first half of the key's split.
+    states, _ = jax.vmap(env.reset)(jax.random.split(jax.random.split(key)[0], 64))
+    expected = np.where(np.asarray(states.ball_x) == 2, 1.0, -1.0)
+    assert 0 < np.sum(expected == 1.0) < 64  # both outcomes occur
+    np.testing.assert_array_equal(out["reward"].sum(0), expected)
+    np.testing.assert_array_equal(out["action"], 1)
