@@ -45,9 +45,11 @@ is not LAST, and prints:
               over the second, the root value, and the range of Q over every visited edge
               of the tree (what `q_transform="tree_min_max"` divides by, floored at 0.01 of
               the model's units): how much the search tells the actions apart where it
-              acts; then, from the same games' starts, the return of pressing each single
-              action throughout (Freeway's "always up" is the floor a learnt policy should
-              clear).
+              acts (--greedy_simulations=N searches with N simulations instead of the
+              run's); then, from the same games' starts, the return of the argmax of the
+              policy prior alone (no search: what the search adds), and of pressing each
+              single action throughout (Freeway's "always up" is the floor a learnt policy
+              should clear).
 
 A reward that the trained model misses but a fit on the same data finds points at the joint
 training; one that no fit generalises points at the network (or at too few rewarded
@@ -56,6 +58,7 @@ transitions).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -83,6 +86,8 @@ _BATCH = flags.DEFINE_integer("fit_batch", 256, "Transitions per fit update.")
 _LR = flags.DEFINE_float("fit_learning_rate", 3e-3, "Adam's step size in the fits.")
 _DECISIVE = flags.DEFINE_integer("decisive_states", 0, "States for the terminal probe (0: none).")
 _GREEDY = flags.DEFINE_integer("greedy_games", 0, "Games for the greedy probe (0: none).")
+_GREEDY_SIMULATIONS = flags.DEFINE_integer(
+    "greedy_simulations", 0, "Simulations of the greedy probe's search (0: the run's).")
 _GREEDY_STEPS = flags.DEFINE_integer("greedy_steps", 2500,
                                      "Steps of each greedy game (MinAtar Freeway's length).")
 
@@ -328,6 +333,19 @@ def greedy_play(network, params, env, settings, key, *, games: int, steps: int):
     return play(env, act, key, games=games, steps=steps)
 
 
+def prior_play(network, params, env, key, *, games: int, steps: int):
+    """`play` with the argmax of the policy prior f(h(o)) alone, no search: what the
+    search adds to the policy it was trained into."""
+
+    def act(observation, key):
+        del key
+        latent = network.apply(params, observation, method="represent")
+        prior_logits, _ = network.apply(params, latent, method="predict")
+        return jnp.argmax(prior_logits, -1).astype(jnp.int32), {}
+
+    return play(env, act, key, games=games, steps=steps)
+
+
 def fixed_play(env, action: int, key, *, games: int, steps: int):
     """`play` pressing `action` at every step: what the same games' starts give without
     looking."""
@@ -425,9 +443,14 @@ def main(argv):
             print(f"terminal run {r}, from the real next states: "
                   f"{terminal_summary(real_q, fatal)} ({num_actions} actions)")
     if _GREEDY.value:
+        settings = search_config(agent_config)
+        if _GREEDY_SIMULATIONS.value:
+            settings = dataclasses.replace(settings,
+                                           num_simulations=_GREEDY_SIMULATIONS.value)
         play_greedy = jax.jit(lambda p, k: greedy_play(
-            network, p, env, search_config(agent_config), k, games=_GREEDY.value,
-            steps=_GREEDY_STEPS.value))
+            network, p, env, settings, k, games=_GREEDY.value, steps=_GREEDY_STEPS.value))
+        play_prior = jax.jit(lambda p, k: prior_play(
+            network, p, env, k, games=_GREEDY.value, steps=_GREEDY_STEPS.value))
         play_fixed = jax.jit(lambda a, k: fixed_play(
             env, a, k, games=_GREEDY.value, steps=_GREEDY_STEPS.value), static_argnums=0)
         for r in range(runs):
@@ -436,7 +459,8 @@ def main(argv):
             shares = np.bincount(out["action"].ravel(), minlength=network.num_actions)
             # The games' rewards are the environment's; the model's Q and values are scaled.
             print(f"greedy run {r}: return {out['reward'].sum(0).mean():.2f} over "
-                  f"{_GREEDY.value} games of {_GREEDY_STEPS.value:,} steps; root value "
+                  f"{_GREEDY.value} games of {_GREEDY_STEPS.value:,} steps with "
+                  f"{settings.num_simulations} simulations; root value "
                   f"{out['value'].mean() / scale:.3f}; Q spread over the visited actions: "
                   f"median {np.nanmedian(stats['spread']):.4f}, mean "
                   f"{np.nanmean(stats['spread']):.4f}; most visited share: median "
@@ -445,6 +469,11 @@ def main(argv):
                   f"{np.median(out['tree_range']) / scale:.4f}, below the "
                   f"{TREE_MIN_MAX_FLOOR} floor in "
                   f"{np.mean(out['tree_range'] < TREE_MIN_MAX_FLOOR):.2f}; actions "
+                  f"{np.round(shares / shares.sum(), 3).tolist()}")
+            out = jax.tree.map(np.asarray, play_prior(run_params[r], jax.random.PRNGKey(0)))
+            shares = np.bincount(out["action"].ravel(), minlength=network.num_actions)
+            print(f"prior run {r}: return {out['reward'].sum(0).mean():.2f} by the argmax of "
+                  f"the prior alone, no search; actions "
                   f"{np.round(shares / shares.sum(), 3).tolist()}")
         for action in range(network.num_actions):
             out = play_fixed(action, jax.random.PRNGKey(0))

@@ -234,3 +234,30 @@ def test_fixed_play_scores_each_catch_game_by_where_its_ball_falls():
     assert 0 < np.sum(expected == 1.0) < 64  # both outcomes occur
     np.testing.assert_array_equal(out["reward"].sum(0), expected)
     np.testing.assert_array_equal(out["action"], 1)
+
+
+def test_prior_play_follows_the_policy_head_and_matches_that_fixed_action():
+    # A policy head with zero weights and a bias that favours action 0 (left) makes the prior's
+    # argmax 0 in every state, so its games are those of pressing 0 throughout.
+    import envs_jax
+
+    env = envs_jax.make("catch")
+    spec = EnvSpec(observation=env.observation_spec(), action=env.action_spec())
+    config = muzero.default_config()
+    network = make_network(config, spec)
+    obs = jnp.zeros((1,) + spec.observation.shape, spec.observation.dtype)
+    params = network.init(jax.random.PRNGKey(0), obs, jnp.zeros((1,), jnp.int32))
+    head = params["params"]["policy_head"]["Dense_1"]
+    head["kernel"] = jnp.zeros_like(head["kernel"])
+    head["bias"] = jnp.asarray([1.0, 0.0, 0.0])
+    key = jax.random.PRNGKey(5)
+    prior = jax.tree.map(np.asarray, probe_rewards.prior_play(network, params, env, key,
+                                                              games=64, steps=12))
+    fixed = jax.tree.map(np.asarray, probe_rewards.fixed_play(env, 0, key, games=64,
+                                                              steps=12))
+    np.testing.assert_array_equal(prior["action"], 0)
+    np.testing.assert_array_equal(prior["reward"], fixed["reward"])
+    # Moving left from the middle column for 9 steps ends at column 0: caught only there.
+    states, _ = jax.vmap(env.reset)(jax.random.split(jax.random.split(key)[0], 64))
+    np.testing.assert_array_equal(prior["reward"].sum(0),
+                                  np.where(np.asarray(states.ball_x) == 0, 1.0, -1.0))
