@@ -261,3 +261,20 @@ def test_prior_play_follows_the_policy_head_and_matches_that_fixed_action():
     states, _ = jax.vmap(env.reset)(jax.random.split(jax.random.split(key)[0], 64))
     np.testing.assert_array_equal(prior["reward"].sum(0),
                                   np.where(np.asarray(states.ball_x) == 0, 1.0, -1.0))
+
+
+def test_play_counts_only_each_games_first_episode_when_the_env_resets_itself():
+    # Under AutoReset, Catch starts a new game on the step after each LAST: 30 steps hold three
+    # games of 9 steps (and a reset step between). Only the first game's reward counts, as in
+    # the runners' evaluation; without the mask the sums would reach +-3.
+    import envs_jax
+    from envs_jax.wrappers import AutoReset
+
+    env = AutoReset(envs_jax.make("catch"))
+    key = jax.random.PRNGKey(7)
+    out = jax.tree.map(np.asarray, probe_rewards.fixed_play(env, 1, key, games=64, steps=30))
+    states, _ = jax.vmap(env.reset)(jax.random.split(jax.random.split(key)[0], 64))
+    first = np.where(np.asarray(states.env_state.ball_x) == 2, 1.0, -1.0)
+    assert 0 < np.sum(first == 1.0) < 64
+    np.testing.assert_array_equal(out["reward"].sum(0), first)
+    assert np.count_nonzero(out["reward"]) == 64  # one reward per game, none after it
