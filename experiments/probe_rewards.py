@@ -294,6 +294,12 @@ def root_statistics(q: np.ndarray, visits: np.ndarray) -> dict[str, np.ndarray]:
             "lead": ordered[..., -1] - ordered[..., -2]}
 
 
+def action_shares(actions: np.ndarray, num_actions: int) -> list[float]:
+    """The share of each action among `actions` (any shape), rounded to 3 places."""
+    counts = np.bincount(np.ravel(actions), minlength=num_actions)
+    return np.round(counts / counts.sum(), 3).tolist()
+
+
 def play(env, act, key, *, games: int, steps: int) -> dict[str, Array]:
     """`games` fresh games of `steps` steps, acted by `act(observation [games, ...], key) ->
     (action [games], extras)`: per step [steps, games, ...], the rewards, the actions and
@@ -456,7 +462,6 @@ def main(argv):
         for r in range(runs):
             out = jax.tree.map(np.asarray, play_greedy(run_params[r], jax.random.PRNGKey(0)))
             stats = root_statistics(out["q"] / scale, out["visits"])
-            shares = np.bincount(out["action"].ravel(), minlength=network.num_actions)
             # The games' rewards are the environment's; the model's Q and values are scaled.
             print(f"greedy run {r}: return {out['reward'].sum(0).mean():.2f} over "
                   f"{_GREEDY.value} games of {_GREEDY_STEPS.value:,} steps with "
@@ -469,12 +474,11 @@ def main(argv):
                   f"{np.median(out['tree_range']) / scale:.4f}, below the "
                   f"{TREE_MIN_MAX_FLOOR} floor in "
                   f"{np.mean(out['tree_range'] < TREE_MIN_MAX_FLOOR):.2f}; actions "
-                  f"{np.round(shares / shares.sum(), 3).tolist()}")
+                  f"{action_shares(out['action'], network.num_actions)}")
             out = jax.tree.map(np.asarray, play_prior(run_params[r], jax.random.PRNGKey(0)))
-            shares = np.bincount(out["action"].ravel(), minlength=network.num_actions)
             print(f"prior run {r}: return {out['reward'].sum(0).mean():.2f} by the argmax of "
                   f"the prior alone, no search; actions "
-                  f"{np.round(shares / shares.sum(), 3).tolist()}")
+                  f"{action_shares(out['action'], network.num_actions)}")
         for action in range(network.num_actions):
             out = play_fixed(action, jax.random.PRNGKey(0))
             print(f"always action {action}: return {float(out['reward'].sum(0).mean()):.2f} "
