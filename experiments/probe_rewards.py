@@ -20,6 +20,9 @@ is not LAST, and prints:
               alone (cross-entropy on the agent's support, Adam), then measured on the
               second run's transitions (held out; with one run, the second half of its
               windows): whether the network can generalise the reward from that much data;
+              with --fit_target=terminal the same model learns instead whether o_{t+1} is a
+              true terminal (target 1, else 0): whether a death can be told from (o_t, a_t)
+              at all, where the trained dynamics does not tell it;
   terminal    with --decisive_states=N: up to N states that a uniformly random policy visits
               (64 environments, 200 steps) in the run's environment where some actions end
               the episode (a true terminal) and some do not, each action's outcome found by
@@ -84,6 +87,9 @@ _NETWORKS = flags.DEFINE_list("networks", ["mlp", "conv_mlp"],
 _UPDATES = flags.DEFINE_integer("fit_updates", 4000, "Adam updates of each fit.")
 _BATCH = flags.DEFINE_integer("fit_batch", 256, "Transitions per fit update.")
 _LR = flags.DEFINE_float("fit_learning_rate", 3e-3, "Adam's step size in the fits.")
+_FIT_TARGET = flags.DEFINE_enum(
+    "fit_target", "reward", ["reward", "terminal"],
+    "What the fits learn from (o_t, a_t): r_{t+1}, or 1 where o_{t+1} is a true terminal.")
 _DECISIVE = flags.DEFINE_integer("decisive_states", 0, "States for the terminal probe (0: none).")
 _GREEDY = flags.DEFINE_integer("greedy_games", 0, "Games for the greedy probe (0: none).")
 _GREEDY_SIMULATIONS = flags.DEFINE_integer(
@@ -170,11 +176,13 @@ def reward_fn(network, support_size: int):
         lambda o, a: predict(params, o, a), observation, action)
 
 
-def summary(r_hat: np.ndarray, reward: np.ndarray) -> str:
+def summary(r_hat: np.ndarray, reward: np.ndarray, what: str = "rewarded") -> str:
+    """The mean prediction on the transitions whose target is above 0 (`what`) and on the
+    others, and the share of the first predicted above 0.5."""
     hit = reward > 0
     if not hit.any():
-        return f"no rewarded transitions among {len(reward):,}"
-    return (f"r_hat {r_hat[hit].mean():.3f} on the {int(hit.sum()):,} rewarded, "
+        return f"no {what} transitions among {len(reward):,}"
+    return (f"r_hat {r_hat[hit].mean():.3f} on the {int(hit.sum()):,} {what}, "
             f"{r_hat[~hit].mean():.4f} on the other {int((~hit).sum()):,}; "
             f"recall@0.5 {np.mean(r_hat[hit] > 0.5):.3f}")
 
@@ -422,6 +430,13 @@ def main(argv):
             print(f"trained run {r}: v(h(o)) {v_end.mean():.3f} on the {len(ends):,} stored "
                   f"terminal observations (target 0; below 0.05 in "
                   f"{np.mean(v_end < 0.05):.2f})")
+    what = "rewarded"
+    if _FIT_TARGET.value == "terminal":
+        # The fits' target: 1 where the step ends the episode in a true terminal, so a fit
+        # that finds it says a death can be told from (o_t, a_t) in this data.
+        what = "into a terminal"
+        data = [(o, a, into_terminal(jax.tree.map(lambda x, r=r: np.asarray(x[0, r]), items))
+                 .astype(np.float32)) for r, (o, a, _) in enumerate(data)]
     if runs > 1:
         train, held_out = data[0], data[1]
     else:
@@ -490,8 +505,9 @@ def main(argv):
         fitted = fit_reward(network_k, support, train, updates=_UPDATES.value,
                             batch=_BATCH.value, learning_rate=_LR.value)
         predict_k = reward_fn(network_k, support)
-        print(f"fit {kind}: train {summary(predict_k(fitted, *train[:2]), train[2])}")
-        print(f"fit {kind}: held out {summary(predict_k(fitted, *held_out[:2]), held_out[2])}")
+        print(f"fit {kind}: train {summary(predict_k(fitted, *train[:2]), train[2], what)}")
+        print(f"fit {kind}: held out "
+              f"{summary(predict_k(fitted, *held_out[:2]), held_out[2], what)}")
 
 
 if __name__ == "__main__":
