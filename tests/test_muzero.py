@@ -65,13 +65,66 @@ def test_the_unroll_loss_reads_the_bins_from_the_logits():
     targets = muzero.UnrollTargets(
         reward=jnp.array([0.0, 0.2, 0.2]), value=jnp.array([0.2, 0.2, 0.2]),
         policy=jnp.full((k, 3), 1 / 3), reward_mask=jnp.array([0.0, 1.0, 0.0]),
-        value_mask=jnp.array([1.0, 1.0, 0.0]), policy_mask=jnp.zeros(k))
+        value_mask=jnp.array([1.0, 1.0, 0.0]), policy_mask=jnp.zeros(k),
+        terminal=jnp.zeros(k))
     logits = jnp.log(muzero.scalar_to_probs(targets.value, 10, bins) + 1e-30)
     out = muzero.unroll_loss(jnp.zeros((k, 3)), logits, logits, targets, support_size=10,
                              value_cost=1.0)
     entropy = -(0.043549 * np.log(0.043549) + 0.956451 * np.log(0.956451))
     np.testing.assert_allclose(out.value_loss, 2 * entropy, rtol=1e-4)
     np.testing.assert_allclose(out.reward_loss, entropy, rtol=1e-4)
+    assert float(out.terminal_loss) == 0.0  # no terminal head: no such term
+
+
+def test_the_terminal_head_loss_is_the_logistic_loss_where_the_reward_is_trained():
+    # Steps 1..3 trained (the reward mask), the episode ended at step 2. Logits 2, -1, 3 at
+    # steps 1..3 against targets 0, 1, 1: log(1 + e^2) + log(1 + e^1) + log(1 + e^-3);
+    # step 0 (logit 5, target 0) is never trained.
+    k = 4
+    targets = muzero.UnrollTargets(
+        reward=jnp.zeros(k), value=jnp.zeros(k), policy=jnp.full((k, 3), 1 / 3),
+        reward_mask=jnp.array([0.0, 1.0, 1.0, 1.0]), value_mask=jnp.zeros(k),
+        policy_mask=jnp.zeros(k), terminal=jnp.array([0.0, 0.0, 1.0, 1.0]))
+    zeros = jnp.zeros((k, 21))
+    out = muzero.unroll_loss(jnp.zeros((k, 3)), zeros, zeros, targets, support_size=10,
+                             value_cost=1.0, terminal_logits=jnp.array([5.0, 2.0, -1.0, 3.0]))
+    expected = math.log(1 + math.e ** 2) + math.log(1 + math.e) + math.log(1 + math.e ** -3)
+    np.testing.assert_allclose(out.terminal_loss, expected, rtol=1e-5)
+    # The reward term: CE of uniform logits against phi(0) on the 3 trained steps.
+    np.testing.assert_allclose(out.loss, (3 * math.log(21) + expected) / k, rtol=1e-5)
+
+
+def test_the_terminal_head_discounts_the_search_step_by_the_chance_the_episode_goes_on():
+    config = muzero.default_config()
+    config.discount = 0.9
+    network = muzero_networks.make_network(config, SPEC)
+    config.terminal_head = True
+    ended = muzero_networks.make_network(config, SPEC)
+    obs, action = jnp.zeros((2, 10, 5)), jnp.array([0, 2])
+    params = network.init(jax.random.PRNGKey(0), obs, action)
+    with_head = ended.init(jax.random.PRNGKey(0), obs, action)
+    assert "end_head" in with_head["params"] and "end_head" not in params["params"]
+
+    def step(net, p):
+        latent = net.apply(p, obs, method="represent")
+        out, _ = muzero.make_recurrent_fn(net, 10, 0.9)(p, None, action, latent)
+        return np.asarray(out.discount)
+
+    np.testing.assert_allclose(step(network, params), [0.9, 0.9], rtol=1e-6)
+    # A fresh head says P(end) = sigmoid(-4.6) = 0.0099518: gamma (1 - P(end)).
+    np.testing.assert_allclose(step(ended, with_head), [0.9 * (1 - 0.0099518)] * 2, rtol=1e-5)
+    # Its output bias set to +20: the model is sure the step ends the game.
+    sure = jax.tree.map(lambda x: x, with_head)
+    last = max(sure["params"]["end_head"])  # Dense_1, after the hidden Dense_0
+    sure["params"]["end_head"][last]["bias"] = jnp.full((1,), 20.0)
+    np.testing.assert_allclose(step(ended, sure), [0.0, 0.0], atol=1e-7)
+
+
+def test_efficientzero_refuses_a_terminal_head_by_name():
+    config = agents.default_config("efficientzero")
+    config.terminal_head = True
+    with pytest.raises(ConfigError, match="agent.terminal_head"):
+        agents.make(config, SPEC)
 
 
 def test_support_bins_set_the_heads_width_and_a_learner_step_runs():
@@ -619,6 +672,11 @@ def test_unroll_targets_across_window_edges_a_terminal_and_a_truncation(target_p
                     policy=[policy[4], policy[5], policy[6], policy[7]],
                     reward_mask=[0, 1, 1, 1], value_mask=[1, 1, 1, 1], policy_mask=[1, 1, 1, 1]),
     }
+    # Whether the episode has ended in a true terminal by step k (a terminal head's target,
+    # whatever `past_end`): from o_3 on; a truncation (o_7) ends nothing.
+    for position, ended in {1: [0, 0, 1, 1], 2: [0, 1, 1, 1], 4: [0, 0, 0, 0],
+                            5: [0, 0, 0, 0], 6: [0, 0, 0, 0]}.items():
+        expected[position]["terminal"] = ended
     if past_end == "masked":
         # EfficientZero's reference: at the terminal its value 0 and the reward into it are
         # trained, its policy is not (no action is taken there); nothing after it is.
@@ -873,3 +931,29 @@ def test_a_bad_reward_scale_names_the_field(bad):
     config.reward_scale = bad
     with pytest.raises(ConfigError, match=r"agent\.reward_scale"):
         muzero.validate(config)
+
+
+def test_the_terminal_head_learns_where_catch_ends():
+    """Catch ends when the ball reaches the bottom row: from a board with the ball one row
+    above it every action ends the game, and from the rows above none does. A model with a
+    terminal head, trained on Catch, should say so (the environment's rule, not the code's)."""
+    config = muzero_catch.get_config()
+    config.agent.terminal_head = True
+    config.total_env_steps = 16_000
+    result = anakin.train(config)
+    params = replication.local_slices(result.state.learner_state.params)[0]
+    network = muzero_networks.make_network(config.agent, SPEC)
+    boards = []
+    for row in range(9):  # the ball in rows 0..8, each column, the paddle in column 2
+        for column in range(5):
+            board = np.zeros((10, 5), np.float32)
+            board[row, column] = board[9, 2] = 1.0
+            boards.append(board)
+    obs = jnp.asarray(np.repeat(np.stack(boards), 3, axis=0))
+    action = jnp.tile(jnp.arange(3), 45)
+    latent = network.apply(params, obs, method="represent")
+    _, next_latent = network.apply(params, latent, action, method="dynamics")
+    p_end = np.asarray(jax.nn.sigmoid(
+        network.apply(params, next_latent, method="terminal_logit"))).reshape(9, 15)
+    assert p_end[8].min() > 0.8, p_end[8]  # every move from row 8 ends the game
+    assert p_end[:7].max() < 0.1, p_end[:7].max(axis=1)  # none from rows 0..6 does

@@ -149,6 +149,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     muzero.check_choices(config, {"consistency_norm": CONSISTENCY_NORMS,
                                   "augment_draws": learning.AUGMENT_DRAWS,
                                   "unroll_gradient_scale": learning.GRADIENT_SCALES})
+    if config.terminal_head:
+        raise ConfigError("agent.terminal_head", "is True, but EfficientZero's learner and "
+                          "search do not train or read a terminal head",
+                          "leave it False (MuZero's agent has one)")
     if config.value_prefix and config.value_prefix_horizon < 1:
         raise ConfigError("agent.value_prefix_horizon", f"is {config.value_prefix_horizon}",
                           "use at least 1 (the paper: 5)")

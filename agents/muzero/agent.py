@@ -118,6 +118,12 @@ def default_config() -> ml_collections.ConfigDict:
     # seeds), Catch and CartPole; the same targets where no episode ends in a terminal
     # (Freeway) (docs/results.md).
     c.past_end_targets = "absorbing"
+    # A terminal head on the dynamics: the model also predicts whether each step ends the
+    # episode (a logistic head on g's next latent, trained by cross-entropy on the unroll's
+    # true terminals, and the absorbing steps after them), and the search discounts a step by
+    # gamma (1 - P(end)), as the continuation predictors of world models. False: MuZero's
+    # model, which plans as if every episode went on.
+    c.terminal_head = False
     # Rewards are multiplied by this as they enter the replay, so the model's rewards and
     # values, and every target, are in scaled units; the search normalises Q by its min-max
     # range (tree_min_max: with a floor of 0.01 on it) and the runner's episode returns are
@@ -347,6 +353,7 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     search_settings, learn = search_config(config), learn_config(config)
     rollout_length = config.rollout_length
     loss_hparams = {k: config[k] for k in LOSS_HPARAMS}
+    metric_names = METRIC_NAMES + (("terminal_loss",) if config.terminal_head else ())
 
     search = lambda params, observation, key, evaluation: run_search(
         network, params["network"], observation, key, search_settings, evaluation=evaluation,
@@ -365,7 +372,7 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         return learning.learner_step(update, replay, state, steps, sampleable, key,
                                      updates_per_step=learn.updates_per_step,
                                      min_replay_items=learn.min_replay_items,
-                                     metric_names=METRIC_NAMES, axis_name=axis_name)
+                                     metric_names=metric_names, axis_name=axis_name)
 
     return Agent(
         init=init,

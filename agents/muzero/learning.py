@@ -270,7 +270,8 @@ def learner_update(network: MuZeroNetwork, optimizer: optax.GradientTransformati
         per_example = jax.vmap(functools.partial(
             losses.unroll_loss, support_size=learn.support_size,
             value_cost=hp["value_cost"]))(out.policy_logits, out.value_logits,
-                                          out.reward_logits, targets)
+                                          out.reward_logits, targets,
+                                          terminal_logits=out.terminal_logits)
         loss = jnp.mean(sample.weights * per_example.loss)
         value = value_to_scalar(out.value_logits[:, 0], learn.support_size)
         return loss, (jnp.abs(value - targets.value[:, 0]), per_example)
@@ -289,6 +290,9 @@ def learner_update(network: MuZeroNetwork, optimizer: optax.GradientTransformati
         "mean_priority": jnp.mean(priorities),
         "importance_exponent": sample_beta(state, learn.importance_anneal_updates),
     }
+    if network.terminal_head:
+        metrics["terminal_loss"] = jnp.mean(per_example.terminal_loss) / max(
+            learn.unroll_steps, 1)
     new_state = new_state.replace(
         replay=replay.update(state.replay, sample.slots, sample.positions, priorities))
     return new_state, metrics

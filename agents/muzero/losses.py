@@ -17,6 +17,8 @@ class UnrollOutput:
     policy_logits: Array  # [B, K+1, A] f's policy at each unroll step
     value_logits: Array  # [B, K+1, 2S+1] f's value
     reward_logits: Array  # [B, K+1, 2S+1] g's reward into each step (step 0: zeros, unused)
+    # [B, K+1] the terminal head's logit at each step (step 0: zeros, unused); None without one
+    terminal_logits: Array | None = None
 
 
 @chex.dataclass(frozen=True)
@@ -25,16 +27,19 @@ class LossOutput:
     policy_loss: Array  # [] summed over unroll steps
     value_loss: Array  # []
     reward_loss: Array  # []
+    terminal_loss: Array  # [] (0 without a terminal head)
 
 
 def unroll_model(network: MuZeroNetwork, params: Params, observation: Array,
                  actions: Array) -> UnrollOutput:
     """Represents `observation` ([B, ...]) and unrolls the dynamics through `actions`
-    ([B, K]), predicting at every step. Half the gradient flows into each dynamics step
-    (MuZero appendix G)."""
+    ([B, K]), predicting at every step (and, with `network.terminal_head`, whether each
+    step ended the episode). Half the gradient flows into each dynamics step (MuZero
+    appendix G)."""
     chex.assert_rank(actions, 2)
     latent = network.apply(params, observation, method="represent")
     policies, values, rewards = [], [], []
+    ends = [jnp.zeros(observation.shape[:1], jnp.float32)]
     for k in range(actions.shape[1] + 1):
         policy_logits, value_logits = network.apply(params, latent, method="predict")
         policies.append(policy_logits)
@@ -42,19 +47,25 @@ def unroll_model(network: MuZeroNetwork, params: Params, observation: Array,
         if k == actions.shape[1]:
             break
         reward_logits, latent = network.apply(params, latent, actions[:, k], method="dynamics")
+        if network.terminal_head:
+            ends.append(network.apply(params, latent, method="terminal_logit"))
         latent = 0.5 * latent + 0.5 * jax.lax.stop_gradient(latent)
         rewards.append(reward_logits)
     rewards = [jnp.zeros_like(values[0])] + rewards
     stack = lambda xs: jnp.stack(xs, axis=1)
     return UnrollOutput(policy_logits=stack(policies), value_logits=stack(values),
-                        reward_logits=stack(rewards))
+                        reward_logits=stack(rewards),
+                        terminal_logits=stack(ends) if network.terminal_head else None)
 
 
 def unroll_loss(policy_logits: Array, value_logits: Array, reward_logits: Array,
                 targets: tgt.UnrollTargets, *, support_size: int,
-                value_cost: float | Array) -> LossOutput:
+                value_cost: float | Array, terminal_logits: Array | None = None
+                ) -> LossOutput:
     """l = sum_k m^p_k CE(pi_k, p_k) + c m^v_k CE(phi(z_k), v_k) + m^r_k CE(phi(r_k), r_k),
-    divided by K+1, for one sampled position (unbatched); phi is `scalar_to_probs`.
+    divided by K+1, for one sampled position (unbatched); phi is `scalar_to_probs`. With
+    `terminal_logits` the sum also holds m^r_k BCE(e_k, sigmoid(logit_k)), e_k the episode
+    having ended by step k (`targets.terminal`).
 
     Args:
       policy_logits: [K+1, A].
@@ -63,6 +74,7 @@ def unroll_loss(policy_logits: Array, value_logits: Array, reward_logits: Array,
       targets: `unroll_targets` of the position, leaves [K+1, ...].
       support_size: S.
       value_cost: c.
+      terminal_logits: [K+1] the terminal head's logits, or None (no such term).
     """
     chex.assert_rank([policy_logits, value_logits, reward_logits], 2)
     ce = optax.softmax_cross_entropy
@@ -71,5 +83,10 @@ def unroll_loss(policy_logits: Array, value_logits: Array, reward_logits: Array,
         value_logits, tgt.scalar_to_probs(targets.value, support_size, value_logits.shape[-1])))
     reward = jnp.sum(targets.reward_mask * ce(
         reward_logits, tgt.scalar_to_probs(targets.reward, support_size, reward_logits.shape[-1])))
-    loss = (policy + value_cost * value + reward) / policy_logits.shape[0]
-    return LossOutput(loss=loss, policy_loss=policy, value_loss=value, reward_loss=reward)
+    terminal = jnp.zeros((), jnp.float32)
+    if terminal_logits is not None:
+        terminal = jnp.sum(targets.reward_mask * optax.sigmoid_binary_cross_entropy(
+            terminal_logits, targets.terminal))
+    loss = (policy + value_cost * value + reward + terminal) / policy_logits.shape[0]
+    return LossOutput(loss=loss, policy_loss=policy, value_loss=value, reward_loss=reward,
+                      terminal_loss=terminal)

@@ -77,6 +77,9 @@ class MuZeroNetwork(nn.Module):
     hidden_sizes: Sequence[int] = (64,)
     channels: int = 32  # conv latent channels
     num_blocks: int = 2  # residual blocks in each of h, g and f
+    # A logistic head on g's next latent: the probability that the step ended the episode
+    # (`terminal_logit`); False: none (MuZero's model, which does not predict ends).
+    terminal_head: bool = False
 
     def setup(self):
         if self.kind in VECTOR_LATENT:
@@ -104,6 +107,9 @@ class MuZeroNetwork(nn.Module):
         self.reward_head = Head(self.num_bins, self.hidden_sizes)
         self.policy_head = Head(self.num_actions, self.hidden_sizes)
         self.value_head = Head(self.num_bins, self.hidden_sizes)
+        if self.terminal_head:
+            # Starts at P(end) = sigmoid(-4.6), about 0.01, so a fresh model plans as before.
+            self.end_head = Head(1, self.hidden_sizes, bias=TERMINAL_BIAS)
 
     def represent(self, observation: Array) -> Array:
         x = _as_float(observation)
@@ -137,6 +143,10 @@ class MuZeroNetwork(nn.Module):
         reward_logits = self.reward_head(x.reshape(x.shape[0], -1))
         return reward_logits, normalise_latent(x)
 
+    def terminal_logit(self, latent: Array) -> Array:
+        """[B] the logit of P(the step into `latent`, a dynamics output, ended the episode)."""
+        return self.end_head(latent.reshape(latent.shape[0], -1))[:, 0]
+
     def predict(self, latent: Array) -> tuple[Array, Array]:
         x = latent
         if self.kind not in VECTOR_LATENT:
@@ -148,12 +158,15 @@ class MuZeroNetwork(nn.Module):
     def __call__(self, observation: Array, action: Array):
         latent = self.represent(observation)
         reward_logits, next_latent = self.dynamics(latent, action)
+        if self.terminal_head:
+            self.terminal_logit(next_latent)
         return self.predict(next_latent), reward_logits
 
 
 class Head(nn.Module):
     outputs: int
     hidden_sizes: Sequence[int]
+    bias: float = 0.0  # the output's initial bias
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -161,7 +174,11 @@ class Head(nn.Module):
             x = nn.relu(nn.Dense(size)(x))
         # Zero-initialised output: uniform priors and a value/reward distribution centred on
         # bin 0 at the start, as in the MuZero pseudocode's zero-initialised heads.
-        return nn.Dense(self.outputs, kernel_init=nn.initializers.zeros)(x)
+        return nn.Dense(self.outputs, kernel_init=nn.initializers.zeros,
+                        bias_init=nn.initializers.constant(self.bias))(x)
+
+
+TERMINAL_BIAS = -4.6  # the terminal head's initial logit
 
 
 # "auto" picks the residual network for images with sides of at least this many pixels (Atari's
@@ -243,4 +260,5 @@ def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> MuZero
         hidden_sizes=hidden_sizes,
         channels=config.channels,
         num_blocks=config.num_blocks,
+        terminal_head=bool(config.get("terminal_head", False)),
     )

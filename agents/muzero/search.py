@@ -51,12 +51,18 @@ def make_recurrent_fn(network: MuZeroNetwork, support_size: int, discount: float
         del key
         reward_logits, latent = network.apply(params, embedding, action, method="dynamics")
         prior_logits, value_logits = network.apply(params, latent, method="predict")
+        # MuZero's model does not predict episode ends: it plans as if the episode went on,
+        # and terminal states are handled by the value targets instead (the absorbing state
+        # after a terminal is trained to value 0). With a terminal head the step's discount
+        # is gamma (1 - P(end)), so a move the model expects to end the game is worth its
+        # reward and little more.
+        step_discount = jnp.full(action.shape, discount, jnp.float32)
+        if network.terminal_head:
+            end_logit = network.apply(params, latent, method="terminal_logit")
+            step_discount = step_discount * jax.nn.sigmoid(-end_logit)
         output = mctx.RecurrentFnOutput(
             reward=value_to_scalar(reward_logits, support_size),
-            # The learnt model does not predict episode ends: MuZero plans as if the episode
-            # went on, and terminal states are handled by the value targets instead (the
-            # absorbing state after a terminal is trained to value 0).
-            discount=jnp.full(action.shape, discount, jnp.float32),
+            discount=step_discount,
             prior_logits=prior_logits,
             value=value_to_scalar(value_logits, support_size),
         )

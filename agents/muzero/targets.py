@@ -102,6 +102,9 @@ class UnrollTargets:
     reward_mask: Array  # [K+1] float32 1 where the reward target is trained
     value_mask: Array  # [K+1] float32
     policy_mask: Array  # [K+1] float32
+    # [K+1] float32 1 where o_k is a true terminal or past one (the episode ended by step k),
+    # else 0; trained where the reward is (`reward_mask`) by a model that predicts ends
+    terminal: Array
 
 
 PAST_END_TARGETS = ("masked", "absorbing")
@@ -173,6 +176,7 @@ def unroll_targets(
         reward_mask=trained * not_first,
         value_mask=trained,
         policy_mask=policy_trained,
+        terminal=(terminal | (ended_before & ends_in_terminal)).astype(jnp.float32),
     )
 
 
