@@ -14,7 +14,10 @@ is not LAST, and prints:
               a_t)), on the stored steps into a true terminal, where it is trained toward 0,
               and on the others, each beside the value v(h(o_t)) of the states they start
               from: whether the dynamics learnt the deaths it was trained on; and the value
-              v(h(o)) of the stored terminal observations themselves, also trained toward 0;
+              v(h(o)) of the stored terminal observations themselves, which no update
+              trains (a LAST timestep is never sampled as the root of an unroll, as in
+              MuZero's and EfficientZero's reference code): how the value head reads boards
+              it has not learnt from;
   fit         for each network of --networks, the same reward model (h, g and the reward
               head, the run's widths) trained from scratch on the first run's transitions
               alone (cross-entropy on the agent's support, Adam), then measured on the
@@ -428,7 +431,7 @@ def main(argv):
         if len(ends):
             v_end = _in_chunks(lambda o, r=r: v_fn(run_params[r], o), ends)
             print(f"trained run {r}: v(h(o)) {v_end.mean():.3f} on the {len(ends):,} stored "
-                  f"terminal observations (target 0; below 0.05 in "
+                  f"terminal observations (never an unroll's root; below 0.05 in "
                   f"{np.mean(v_end < 0.05):.2f})")
     what = "rewarded"
     if _FIT_TARGET.value == "terminal":
