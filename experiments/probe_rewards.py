@@ -17,7 +17,8 @@ is not LAST, and prints:
               v(h(o)) of the stored terminal observations themselves, which no update
               trains (a LAST timestep is never sampled as the root of an unroll, as in
               MuZero's and EfficientZero's reference code): how the value head reads boards
-              it has not learnt from;
+              it has not learnt from; for a run with a terminal head (`terminal_head`), its
+              P(end) on the steps into a terminal and on the others;
   fit         for each network of --networks, the same reward model (h, g and the reward
               head, the run's widths) trained from scratch on the first run's transitions
               alone (cross-entropy on the agent's support, Adam), then measured on the
@@ -79,7 +80,13 @@ import envs_jax
 from agents.muzero import targets as tgt
 from agents.muzero.agent import search_config
 from agents.muzero.networks import make_network, resolve_network
-from agents.muzero.search import TREE_MIN_MAX_FLOOR, run_search, value_to_scalar, visited_q_bounds
+from agents.muzero.search import (
+    TREE_MIN_MAX_FLOOR,
+    make_recurrent_fn,
+    run_search,
+    value_to_scalar,
+    visited_q_bounds,
+)
 from envs_jax.wrappers import AutoReset
 from podracer import checkpoint
 from podracer.types import Array, EnvSpec, StepType
@@ -148,6 +155,20 @@ def values_fn(network, support_size: int):
         return jnp.stack([
             value_to_scalar(network.apply(params, x, method="predict")[1], support_size)
             for x in (latent, next_latent)])
+
+    return lambda params, observation, action: _in_chunks(
+        lambda o, a: predict(params, o, a), observation, action)
+
+
+def end_probability_fn(network):
+    """jitted (params, o [N, ...], a [N]) -> [N]: a terminal head's P(the step ends the
+    episode), read from g(h(o), a)."""
+
+    @jax.jit
+    def predict(params, observation, action):
+        latent = network.apply(params, observation, method="represent")
+        _, next_latent = network.apply(params, latent, action, method="dynamics")
+        return jax.nn.sigmoid(network.apply(params, next_latent, method="terminal_logit"))
 
     return lambda params, observation, action: _in_chunks(
         lambda o, a: predict(params, o, a), observation, action)
@@ -279,15 +300,14 @@ def decisive_states(env, key, *, num_envs: int = 64, steps: int = 200,
 
 def one_step_q(network, params, observation, support_size: int, discount: float) -> Array:
     """[N, A] the model's Q = r_hat + gamma v(g(h(o), a)) of every action from `observation`
-    [N, ...]."""
+    [N, ...], as the search backs it up (`make_recurrent_fn`: with a terminal head, gamma
+    (1 - P(end)) in place of gamma)."""
     latent = network.apply(params, observation, method="represent")
+    step = make_recurrent_fn(network, support_size, discount)
 
     def q(action):
-        reward_logits, next_latent = network.apply(
-            params, latent, jnp.full(latent.shape[:1], action, jnp.int32), method="dynamics")
-        _, value_logits = network.apply(params, next_latent, method="predict")
-        return (value_to_scalar(reward_logits, support_size)
-                + discount * value_to_scalar(value_logits, support_size))
+        out, _ = step(params, None, jnp.full(latent.shape[:1], action, jnp.int32), latent)
+        return out.reward + out.discount * out.value
 
     return jax.vmap(q, out_axes=1)(jnp.arange(network.num_actions))
 
@@ -427,6 +447,12 @@ def main(argv):
         run_items = jax.tree.map(lambda x, r=r: np.asarray(x[0, r]), items)
         print(f"trained run {r}: "
               f"{terminal_recall(values(run_params[r], *data[r][:2]), into_terminal(run_items))}")
+        if network.terminal_head and into_terminal(run_items).any():
+            p_end = end_probability_fn(network)(run_params[r], *data[r][:2])
+            fatal = into_terminal(run_items)
+            print(f"trained run {r}: the terminal head's P(end) {p_end[fatal].mean():.3f} on "
+                  f"the steps into a terminal (above 0.5 in {np.mean(p_end[fatal] > 0.5):.2f}),"
+                  f" {p_end[~fatal].mean():.4f} on the others")
         ends = run_items["observation"][terminal_observations(run_items)]
         if len(ends):
             v_end = _in_chunks(lambda o, r=r: v_fn(run_params[r], o), ends)
