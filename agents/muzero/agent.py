@@ -122,9 +122,9 @@ def default_config() -> ml_collections.ConfigDict:
     # episode (a logistic head on g's next latent, trained by cross-entropy on the unroll's
     # true terminals, and the absorbing steps after them), and the search discounts a step by
     # gamma (1 - P(end)), as the continuation predictors of world models. False: MuZero's
-    # model, which plans as if every episode went on. On MinAtar Asterix at 1M (3 seeds)
-    # 20.46 against 2.22 without it, every seed above every seed without it
-    # (docs/results.md); not yet the default: untried on the other games at 1M.
+    # model, which plans as if every episode went on. On MinAtar Asterix at 1M, 12.26 against
+    # 2.05 without it over six seeds (one seed, 1.67, not lifted; docs/results.md); not yet
+    # the default: untried on the other games at 1M.
     c.terminal_head = False
     # Rewards are multiplied by this as they enter the replay, so the model's rewards and
     # values, and every target, are in scaled units; the search normalises Q by its min-max
