@@ -114,6 +114,40 @@ def test_search_rewards_recovered_from_prefixes_match_a_hand_computation():
     assert np.abs(rewards).max() > 1e-3  # the rewards are not all zero
 
 
+def test_the_terminal_head_discounts_efficientzero_search_steps_as_muzero_does():
+    # The value-prefix search's step discount: gamma without a head, gamma (1 - P(end)) with
+    # one; a fresh head says P(end) = sigmoid(-4.6) = 0.0099518, one biased to +20 says 1.
+    observation = jax.random.normal(jax.random.key(1), (2, 6, 4))
+    action = jnp.array([0, 2])
+
+    def discount(config, change=None):
+        network = ez.make_ez_network(config, SPEC)
+        params = network.init(jax.random.key(0), observation, action)
+        if change:
+            params = change(params)
+        step = ez.make_recurrent_fn(network, support_size=config.support_size, discount=0.9,
+                                    value_prefix=True, value_prefix_horizon=5)
+        embedding = {"latent": network.apply(params, observation, method="represent"),
+                     "carry": ez.initial_carry(2, config.lstm_size),
+                     "prefix": jnp.zeros(2), "depth": jnp.zeros(2, jnp.int32)}
+        out, _ = step(params, None, action, embedding)
+        return np.asarray(out.discount), params
+
+    plain, params = discount(small_config())
+    assert "end_head" not in params["params"]["muzero"]
+    np.testing.assert_allclose(plain, [0.9, 0.9], rtol=1e-6)
+    fresh, params = discount(small_config(terminal_head=True))
+    np.testing.assert_allclose(fresh, [0.9 * (1 - 0.0099518)] * 2, rtol=1e-5)
+
+    def sure(params):
+        head = params["params"]["muzero"]["end_head"]
+        head[max(head)]["bias"] = jnp.full((1,), 20.0)  # the output layer, after the hidden
+        return params
+
+    np.testing.assert_allclose(discount(small_config(terminal_head=True), sure)[0], [0, 0],
+                               atol=1e-7)
+
+
 @pytest.mark.parametrize("norm", [True, False])
 def test_prefix_head_reads_the_layer_normalised_lstm_output(norm):
     # With the LayerNorm's scale at zero its output is its bias whatever the LSTM computed,
@@ -233,7 +267,7 @@ def _trajectory(spec, t, b, key):
 
 # Every switch in both positions across four programs (each compiles acting and learning).
 @pytest.mark.parametrize("changes, spec", [
-    ({}, SPEC),  # everything on, Reanalyse included
+    ({"terminal_head": True}, SPEC),  # everything on, Reanalyse included
     ({"value_prefix": False, "consistency": False, "reanalyse_fraction": 0.0,
       "unroll_gradient_scale": "per_step", "past_end_targets": "absorbing",
       "q_transform": "parent_and_siblings", "unvisited_q": "min",
@@ -243,7 +277,7 @@ def _trajectory(spec, t, b, key):
       "value_prefix_norm": False, "consistency_norm": "layer", "reanalyse_value": "root"},
      SPEC),
     ({"network": "ez_resnet", "augment": True, "reanalyse_fraction": 0.0}, IMAGE_SPEC),
-], ids=["all-on", "all-off", "age-refresh-lars-gumbel-prefix-without-norm-layernorm-root",
+], ids=["all-on-terminal-head", "all-off", "age-refresh-lars-gumbel-prefix-without-norm-layernorm-root",
         "ez_resnet-augment"])
 def test_every_ablation_switch_builds_acts_and_learns_finitely(changes, spec):
     config = small_config(**changes)
@@ -263,6 +297,10 @@ def test_every_ablation_switch_builds_acts_and_learns_finitely(changes, spec):
     assert int(state.updates) == 2 * config.updates_per_step
     for name in ez.METRIC_NAMES:
         assert np.isfinite(float(metrics[name])), name
+    if changes.get("terminal_head"):
+        # The head's cross-entropy reaches the loss: a fresh head (P(end) = 0.01) against
+        # these windows' targets costs at least -log(0.99) = 0.01 a step (0 if not trained).
+        assert float(metrics["terminal_loss"]) > 0.009, metrics["terminal_loss"]
     if changes.get("refresh_interval"):
         assert float(metrics["priority_refreshes"]) == 1.0
     moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), before, state.params)

@@ -120,13 +120,6 @@ def test_the_terminal_head_discounts_the_search_step_by_the_chance_the_episode_g
     np.testing.assert_allclose(step(ended, sure), [0.0, 0.0], atol=1e-7)
 
 
-def test_efficientzero_refuses_a_terminal_head_by_name():
-    config = agents.default_config("efficientzero")
-    config.terminal_head = True
-    with pytest.raises(ConfigError, match="agent.terminal_head"):
-        agents.make(config, SPEC)
-
-
 def test_support_bins_set_the_heads_width_and_a_learner_step_runs():
     spec = EnvSpec(observation=ArraySpec((1,), np.float32), action=DiscreteSpec(3))
     config = muzero.default_config()

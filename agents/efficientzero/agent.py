@@ -9,6 +9,7 @@ assembled from MuZero's pieces and this package's additions, each behind a switc
     augment            random shift and intensity of image observations
     refresh_interval   SpeedyZero's Priority Refresh every N updates (0: off)
     optimizer          "adamw" or SpeedyZero's "clipped_lars" (`podracer.optim`)
+    terminal_head      MuZero's terminal head, trained in the unroll and read by the search
 """
 
 from __future__ import annotations
@@ -149,10 +150,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     muzero.check_choices(config, {"consistency_norm": CONSISTENCY_NORMS,
                                   "augment_draws": learning.AUGMENT_DRAWS,
                                   "unroll_gradient_scale": learning.GRADIENT_SCALES})
-    if config.terminal_head:
-        raise ConfigError("agent.terminal_head", "is True, but EfficientZero's learner and "
-                          "search do not train or read a terminal head",
-                          "leave it False (MuZero's agent has one)")
     if config.value_prefix and config.value_prefix_horizon < 1:
         raise ConfigError("agent.value_prefix_horizon", f"is {config.value_prefix_horizon}",
                           "use at least 1 (the paper: 5)")
@@ -205,7 +202,8 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         network, optimizer, replay, example_step, loss_hparams, key, spec)
     learner_step = functools.partial(
         learning.learner_step, network, optimizer, replay, learn, history=history,
-        frames_once=muzero.stores_frames_once(config, env_spec), metric_names=METRIC_NAMES)
+        frames_once=muzero.stores_frames_once(config, env_spec),
+        metric_names=METRIC_NAMES + (("terminal_loss",) if config.terminal_head else ()))
 
     return Agent(
         init=init,

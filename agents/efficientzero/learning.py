@@ -128,6 +128,8 @@ class UnrollOutput:
     value_logits: Array  # [B, K+1, 2S+1]
     reward_logits: Array  # [B, K+1, 2S+1] value prefix (or per-step reward) logits; step 0 zeros
     latents: Array  # [B, K, ...] the dynamics' latents at steps 1..K
+    # [B, K+1] the terminal head's logit at each step (step 0: zeros, unused); None without one
+    terminal_logits: Array | None = None
 
 
 def unroll_model(network: EfficientZeroNetwork, params: Params, observation: Array,
@@ -144,6 +146,8 @@ def unroll_model(network: EfficientZeroNetwork, params: Params, observation: Arr
     latent = network.apply(params, observation, method="represent")
     carry = initial_carry(observation.shape[0], lstm_size)
     policies, values, rewards, latents = [], [], [], []
+    has_end_head = network.muzero.terminal_head
+    ends = [jnp.zeros(observation.shape[:1], jnp.float32)]
     for k in range(num_unroll + 1):
         policy_logits, value_logits = network.apply(params, latent, method="predict")
         if k > 0:
@@ -154,6 +158,9 @@ def unroll_model(network: EfficientZeroNetwork, params: Params, observation: Arr
         if k == num_unroll:
             break
         reward_logits, latent = network.apply(params, latent, actions[:, k], method="dynamics")
+        if has_end_head:
+            ends.append(scale_gradient(network.apply(params, latent, method="terminal_logit"),
+                                       step_scale))
         latent = scale_gradient(latent, 0.5)
         if value_prefix:
             reward_logits, carry = network.apply(params, latent, carry, method="prefix")
@@ -164,7 +171,8 @@ def unroll_model(network: EfficientZeroNetwork, params: Params, observation: Arr
     rewards = [jnp.zeros_like(values[0])] + rewards
     stack = lambda xs: jnp.stack(xs, axis=1)
     return UnrollOutput(policy_logits=stack(policies), value_logits=stack(values),
-                        reward_logits=stack(rewards), latents=stack(latents))
+                        reward_logits=stack(rewards), latents=stack(latents),
+                        terminal_logits=stack(ends) if has_end_head else None)
 
 
 def consistency_loss(network: EfficientZeroNetwork, params: Params, latents: Array,
@@ -272,7 +280,8 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
         per_example = jax.vmap(functools.partial(
             mz_losses.unroll_loss, support_size=base.support_size,
             value_cost=hp["value_cost"]))(out.policy_logits, out.value_logits,
-                                          out.reward_logits, targets)
+                                          out.reward_logits, targets,
+                                          terminal_logits=out.terminal_logits)
         consistency = jnp.zeros((s,), jnp.float32)
         if learn.consistency and k:
             consistency = consistency_loss(network, params, out.latents, observations[:, 1:],
@@ -299,6 +308,8 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
         "importance_exponent": mz.sample_beta(state, base.importance_anneal_updates),
         "td_steps": jnp.mean(n) if n is not None else jnp.float32(base.td_steps),
     }
+    if network.muzero.terminal_head:
+        metrics["terminal_loss"] = jnp.mean(per_example.terminal_loss) / max(k, 1)
     new_state = new_state.replace(
         replay=replay.update(state.replay, sample.slots, sample.positions, priorities))
     return new_state, metrics

@@ -5,6 +5,7 @@ and SimSiam-style projection heads.
     dynamics(s, a) -> (reward logits, s')    MuZero's g (its reward head is used when the
                                              value prefix is switched off)
     predict(s) -> (policy logits, value logits)   MuZero's f
+    terminal_logit(s') -> logit               MuZero's terminal head, when `terminal_head`
     prefix(s', carry) -> (prefix logits, carry')  LSTM over the unrolled latents: the sum of
                                              rewards since the last reset of `carry`; the
                                              head reads relu(LayerNorm(h)) (the paper: batch
@@ -89,6 +90,11 @@ class EfficientZeroNetwork(nn.Module):
             h = self.prefix_layer_norm(h)
         return self.prefix_head(nn.relu(h)), carry
 
+    def terminal_logit(self, latent: Array) -> Array:
+        """MuZero's terminal head (`muzero.terminal_head`): the logit of P(the step into
+        `latent` ended the episode)."""
+        return self.model.terminal_logit(latent)
+
     def project(self, latent: Array) -> Array:
         return self.projector(latent.reshape(latent.shape[0], -1))
 
@@ -98,6 +104,8 @@ class EfficientZeroNetwork(nn.Module):
     def __call__(self, observation: Array, action: Array):
         latent = self.represent(observation)
         _, next_latent = self.dynamics(latent, action)
+        if self.muzero.terminal_head:
+            self.terminal_logit(next_latent)
         prefix_logits, _ = self.prefix(next_latent, initial_carry(latent.shape[0],
                                                                   self.lstm_size))
         return (self.predict(next_latent), prefix_logits,

@@ -12,6 +12,7 @@ embedding carries what its children need:
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import mctx
 
@@ -58,9 +59,13 @@ def make_recurrent_fn(network: EfficientZeroNetwork, *, support_size: int, disco
             reward = value_to_scalar(reward_logits, support)
             carry, prefix = embedding["carry"], embedding["prefix"]
         prior_logits, value_logits = network.apply(params, latent, method="predict")
+        step_discount = jnp.full(action.shape, discount, jnp.float32)
+        if network.muzero.terminal_head:  # gamma (1 - P(end)), as MuZero's search
+            end_logit = network.apply(params, latent, method="terminal_logit")
+            step_discount = step_discount * jax.nn.sigmoid(-end_logit)
         output = mctx.RecurrentFnOutput(
             reward=reward,
-            discount=jnp.full(action.shape, discount, jnp.float32),
+            discount=step_discount,
             prior_logits=prior_logits,
             value=value_to_scalar(value_logits, support),
         )
