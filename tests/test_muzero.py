@@ -120,6 +120,31 @@ def test_the_terminal_head_discounts_the_search_step_by_the_chance_the_episode_g
     np.testing.assert_allclose(step(ended, sure), [0.0, 0.0], atol=1e-7)
 
 
+@pytest.mark.parametrize("gradient", [True, False])
+def test_the_terminal_head_trains_h_and_g_only_with_its_gradient_switch_on(gradient):
+    # The head's output differentiated with respect to every parameter: its own layers always
+    # get a gradient; the representation and dynamics only when `terminal_head_gradient`.
+    config = muzero.default_config()
+    config.terminal_head, config.terminal_head_gradient = True, gradient
+    network = muzero_networks.make_network(config, SPEC)
+    obs, action = jax.random.normal(jax.random.PRNGKey(1), (4, 10, 5)), jnp.array([0, 1, 2, 0])
+    params = network.init(jax.random.PRNGKey(0), obs, action)
+    # A non-zero output layer (heads start at zero), so gradients reach the hidden layer.
+    head = params["params"]["end_head"]
+    head[max(head)]["kernel"] = jnp.ones_like(head[max(head)]["kernel"])
+
+    def end_logits(p):
+        latent = network.apply(p, obs, method="represent")
+        _, next_latent = network.apply(p, latent, action, method="dynamics")
+        return jnp.sum(network.apply(p, next_latent, method="terminal_logit"))
+
+    grads = jax.grad(end_logits)(params)["params"]
+    size = lambda tree: max(float(jnp.abs(x).max()) for x in jax.tree.leaves(tree))
+    assert size(grads["end_head"]) > 0
+    model = {name: g for name, g in grads.items() if name != "end_head"}
+    assert (size(model) > 0) == gradient, size(model)
+
+
 def test_support_bins_set_the_heads_width_and_a_learner_step_runs():
     spec = EnvSpec(observation=ArraySpec((1,), np.float32), action=DiscreteSpec(3))
     config = muzero.default_config()

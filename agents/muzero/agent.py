@@ -126,6 +126,11 @@ def default_config() -> ml_collections.ConfigDict:
     # 2.05 without it over six seeds (one seed, 1.67, not lifted; docs/results.md); not yet
     # the default: untried on the other games at 1M.
     c.terminal_head = False
+    # With the head: True, its loss also trains h and g through the latent it reads; False,
+    # it reads a stop-gradient latent (a readout). On Acrobot, seeds 3, 4, 5 at 1M: -227.3
+    # with the gradient (one seed at -500 throughout), -78.8 as a readout, -79.2 without a
+    # head (docs/results.md).
+    c.terminal_head_gradient = True
     # Rewards are multiplied by this as they enter the replay, so the model's rewards and
     # values, and every target, are in scaled units; the search normalises Q by its min-max
     # range (tree_min_max: with a floor of 0.01 on it) and the runner's episode returns are
