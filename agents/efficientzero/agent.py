@@ -9,7 +9,7 @@ assembled from MuZero's pieces and this package's additions, each behind a switc
     augment            random shift and intensity of image observations
     refresh_interval   SpeedyZero's Priority Refresh every N updates (0: off)
     optimizer          "adamw" or SpeedyZero's "clipped_lars" (`podracer.optim`)
-    terminal_head      MuZero's terminal head, trained in the unroll and read by the search
+    terminal_head      (MuZero's field) its terminal head, trained in the unroll, read by search
 """
 
 from __future__ import annotations

@@ -123,9 +123,9 @@ def default_config() -> ml_collections.ConfigDict:
     # true terminals, and the absorbing steps after them), and the search discounts a step by
     # gamma (1 - P(end)), as the continuation predictors of world models. False: MuZero's
     # model, which plans as if every episode went on. At 1M on MinAtar, Asterix 12.26 against
-    # 2.05 (six seeds), Breakout 40.86 against 29.18, SpaceInvaders 71.41 against 61.84;
-    # level on Catch and CartPole, Freeway 28.21 against 30.15; off by default because on Acrobot it leaves one seed of
-    # six at -500 at 1M (docs/results.md).
+    # 2.05 (six seeds), Breakout 40.86 against 29.18, SpaceInvaders 71.41 against 61.84,
+    # Freeway 28.21 against 30.15; level on Catch and CartPole; off by default because on
+    # Acrobot it leaves one seed of six at -500 at 1M (docs/results.md).
     c.terminal_head = False
     # With the head: True, its loss also trains h and g through the latent it reads; False,
     # it reads a stop-gradient latent (a readout). On Acrobot, seeds 3, 4, 5 at 1M: -227.3

@@ -82,7 +82,7 @@ class MuZeroNetwork(nn.Module):
     terminal_head: bool = False
     # Whether the terminal head's loss also trains h and g through the latent it reads;
     # False: it reads a stop-gradient latent (a readout, leaving h and g to the other losses).
-    terminal_gradient: bool = True
+    terminal_head_gradient: bool = True
 
     def setup(self):
         if self.kind in VECTOR_LATENT:
@@ -148,7 +148,7 @@ class MuZeroNetwork(nn.Module):
 
     def terminal_logit(self, latent: Array) -> Array:
         """[B] the logit of P(the step into `latent`, a dynamics output, ended the episode)."""
-        if not self.terminal_gradient:
+        if not self.terminal_head_gradient:
             latent = jax.lax.stop_gradient(latent)
         return self.end_head(latent.reshape(latent.shape[0], -1))[:, 0]
 
@@ -266,5 +266,5 @@ def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> MuZero
         channels=config.channels,
         num_blocks=config.num_blocks,
         terminal_head=bool(config.get("terminal_head", False)),
-        terminal_gradient=bool(config.get("terminal_head_gradient", True)),
+        terminal_head_gradient=bool(config.get("terminal_head_gradient", True)),
     )
