@@ -2,6 +2,7 @@
 
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import mctx
@@ -120,16 +121,14 @@ def test_the_terminal_head_discounts_the_search_step_by_the_chance_the_episode_g
     np.testing.assert_allclose(step(ended, sure), [0.0, 0.0], atol=1e-7)
 
 
-@pytest.mark.parametrize("gradient", [True, False])
-def test_the_terminal_head_trains_h_and_g_only_with_its_gradient_switch_on(gradient):
-    # The head's output differentiated with respect to every parameter: its own layers always
-    # get a gradient; the representation and dynamics only when `terminal_head_gradient`.
+def _terminal_head_gradients(share):
+    """The terminal head's summed logits differentiated with respect to every parameter, for a
+    head with a non-zero output layer (heads start at zero) so gradients reach its hidden layer."""
     config = muzero.default_config()
-    config.terminal_head, config.terminal_head_gradient = True, gradient
+    config.terminal_head, config.terminal_head_gradient = True, share
     network = muzero_networks.make_network(config, SPEC)
     obs, action = jax.random.normal(jax.random.PRNGKey(1), (4, 10, 5)), jnp.array([0, 1, 2, 0])
     params = network.init(jax.random.PRNGKey(0), obs, action)
-    # A non-zero output layer (heads start at zero), so gradients reach the hidden layer.
     head = params["params"]["end_head"]
     head[max(head)]["kernel"] = jnp.ones_like(head[max(head)]["kernel"])
 
@@ -138,11 +137,38 @@ def test_the_terminal_head_trains_h_and_g_only_with_its_gradient_switch_on(gradi
         _, next_latent = network.apply(p, latent, action, method="dynamics")
         return jnp.sum(network.apply(p, next_latent, method="terminal_logit"))
 
-    grads = jax.grad(end_logits)(params)["params"]
+    return jax.grad(end_logits)(params)["params"]
+
+
+@pytest.mark.parametrize("gradient", [True, False])
+def test_the_terminal_head_trains_h_and_g_only_with_its_gradient_switch_on(gradient):
+    # The head's own layers always get a gradient; the representation and dynamics only when
+    # `terminal_head_gradient` (True and False: the shares 1 and 0).
+    grads = _terminal_head_gradients(gradient)
     size = lambda tree: max(float(jnp.abs(x).max()) for x in jax.tree.leaves(tree))
     assert size(grads["end_head"]) > 0
     model = {name: g for name, g in grads.items() if name != "end_head"}
     assert (size(model) > 0) == gradient, size(model)
+
+
+def test_a_share_of_the_terminal_heads_gradient_reaches_h_and_g_scaled_by_it():
+    # The chain rule through x -> share * x (backwards only): h's and g's gradients are the
+    # whole gradient times the share, the head's own are the whole gradient.
+    whole, part = _terminal_head_gradients(1.0), _terminal_head_gradients(0.25)
+    for name in whole:
+        scale = 1.0 if name == "end_head" else 0.25
+        chex.assert_trees_all_close(part[name], jax.tree.map(lambda g, s=scale: s * g, whole[name]),
+                                    rtol=1e-5, atol=1e-7)
+    assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(whole["repr_net"])) > 0
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, 2])
+def test_a_terminal_head_gradient_outside_0_to_1_names_the_field(bad):
+    config = muzero.default_config()
+    config.terminal_head = True
+    config.terminal_head_gradient = bad
+    with pytest.raises(ConfigError, match=r"agent\.terminal_head_gradient"):
+        agents.make(config, SPEC)
 
 
 def test_support_bins_set_the_heads_width_and_a_learner_step_runs():

@@ -127,11 +127,11 @@ def default_config() -> ml_collections.ConfigDict:
     # Freeway 28.21 against 30.15; level on Catch and CartPole; off by default because on
     # Acrobot it leaves one seed of six at -500 at 1M (docs/results.md).
     c.terminal_head = False
-    # With the head: True, its loss also trains h and g through the latent it reads; False,
-    # it reads a stop-gradient latent (a readout). On Acrobot, seeds 3, 4, 5 at 1M: -227.3
-    # with the gradient (one seed at -500 throughout), -78.8 as a readout, -79.2 without a
-    # head (docs/results.md).
-    c.terminal_head_gradient = True
+    # With the head: the share of its loss's gradient that also trains h and g through the
+    # latent it reads (1.0 all; 0.0 none: a readout of a stop-gradient latent; the head itself
+    # always trains in full). On Acrobot, seeds 3, 4, 5 at 1M: -227.3 with 1.0 (one seed at
+    # -500 throughout), -78.8 with 0.0, -79.2 without a head (docs/results.md).
+    c.terminal_head_gradient = 1.0
     # Rewards are multiplied by this as they enter the replay, so the model's rewards and
     # values, and every target, are in scaled units; the search normalises Q by its min-max
     # range (tree_min_max: with a floor of 0.01 on it) and the runner's episode returns are
@@ -343,6 +343,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
         raise ConfigError("agent.reward_scale", f"must be a number > 0, got {scale!r}",
                           "set e.g. --config.agent.reward_scale=1.0 (rewards as they are)")
+    share = config.get("terminal_head_gradient", 1.0)
+    if not isinstance(share, (int, float)) or not 0 <= share <= 1:  # (True, False: 1, 0)
+        raise ConfigError("agent.terminal_head_gradient", f"must be in [0, 1], got {share!r}",
+                          "set 1.0 (the head's whole gradient reaches h and g), 0.0 (none: a "
+                          "readout) or a share between")
     if config.temperature_decay_updates < 0:
         raise ConfigError("agent.temperature_decay_updates",
                           f"is {config.temperature_decay_updates}",

@@ -80,9 +80,10 @@ class MuZeroNetwork(nn.Module):
     # A logistic head on g's next latent: the probability that the step ended the episode
     # (`terminal_logit`); False: none (MuZero's model, which does not predict ends).
     terminal_head: bool = False
-    # Whether the terminal head's loss also trains h and g through the latent it reads;
-    # False: it reads a stop-gradient latent (a readout, leaving h and g to the other losses).
-    terminal_head_gradient: bool = True
+    # The share of the terminal head's gradient that reaches h and g through the latent it
+    # reads: 1 all of it; 0 none (a readout of a stop-gradient latent, leaving h and g to the
+    # other losses); between, that fraction (the head itself is trained in full).
+    terminal_head_gradient: float = 1.0
 
     def setup(self):
         if self.kind in VECTOR_LATENT:
@@ -148,8 +149,7 @@ class MuZeroNetwork(nn.Module):
 
     def terminal_logit(self, latent: Array) -> Array:
         """[B] the logit of P(the step into `latent`, a dynamics output, ended the episode)."""
-        if not self.terminal_head_gradient:
-            latent = jax.lax.stop_gradient(latent)
+        latent = scale_gradient(latent, self.terminal_head_gradient)
         return self.end_head(latent.reshape(latent.shape[0], -1))[:, 0]
 
     def predict(self, latent: Array) -> tuple[Array, Array]:
@@ -184,6 +184,15 @@ class Head(nn.Module):
 
 
 TERMINAL_BIAS = -4.6  # the terminal head's initial logit
+
+
+def scale_gradient(x: Array, scale: float) -> Array:
+    """`x` unchanged forwards; its gradient multiplied by `scale` backwards."""
+    if scale == 1:
+        return x
+    if scale == 0:
+        return jax.lax.stop_gradient(x)
+    return jax.lax.stop_gradient(x) + scale * (x - jax.lax.stop_gradient(x))
 
 
 # "auto" picks the residual network for images with sides of at least this many pixels (Atari's
@@ -266,5 +275,5 @@ def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> MuZero
         channels=config.channels,
         num_blocks=config.num_blocks,
         terminal_head=bool(config.get("terminal_head", False)),
-        terminal_head_gradient=bool(config.get("terminal_head_gradient", True)),
+        terminal_head_gradient=float(config.get("terminal_head_gradient", 1.0)),
     )
