@@ -129,8 +129,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.terminal_head = False
     # With the head: the share of its loss's gradient that also trains h and g through the
     # latent it reads (1.0 all; 0.0 none: a readout of a stop-gradient latent; the head itself
-    # always trains in full). On Acrobot, seeds 3, 4, 5 at 1M: -227.3 with 1.0 (one seed at
-    # -500 throughout), -78.8 with 0.0, -79.2 without a head (docs/results.md).
+    # always trains in full). At 1M, 3 seeds: Acrobot (seeds 3, 4, 5) -227.3 with 1.0 (one
+    # seed at -500 throughout), -78.7 with 0.6, -77.8 with 0.3, -78.8 with 0.0, -79.2
+    # without a head, and seeds 0, 1, 2 -112.1 with 0.6 (one seed at -164), -80.8 with 0.3;
+    # Asterix 20.46 / 9.51 / 4.88 / 1.90 and Breakout 40.86 / 37.60 / 28.32 / 27.84 with
+    # 1.0 / 0.6 / 0.3 / 0.0 (docs/results.md).
     c.terminal_head_gradient = 1.0
     # Rewards are multiplied by this as they enter the replay, so the model's rewards and
     # values, and every target, are in scaled units; the search normalises Q by its min-max
