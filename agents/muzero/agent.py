@@ -131,7 +131,7 @@ def default_config() -> ml_collections.ConfigDict:
     # latent it reads (1.0 all; 0.0 none: a readout of a stop-gradient latent; the head itself
     # always trains in full). At 1M, 3 seeds: Acrobot (seeds 3, 4, 5) -227.3 with 1.0 (one
     # seed at -500 throughout), -78.7 with 0.6, -77.8 with 0.3, -78.8 with 0.0, -79.2
-    # without a head, and seeds 0, 1, 2 -112.1 with 0.6 (one seed at -164), -80.8 with 0.3;
+    # without a head, and seeds 0, 1, 2 -112.1 with 0.6 (one seed at -164), -80.8 with 0.3 (seeds 6, 7, 8: -81.4, without a head -81.5);
     # Asterix 20.46 / 9.51 / 4.88 / 1.90 and Breakout 40.86 / 37.60 / 28.32 / 27.84 with
     # 1.0 / 0.6 / 0.3 / 0.0 (docs/results.md).
     c.terminal_head_gradient = 1.0
