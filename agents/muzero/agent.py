@@ -129,11 +129,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.terminal_head = False
     # With the head: the share of its loss's gradient that also trains h and g through the
     # latent it reads (1.0 all; 0.0 none: a readout of a stop-gradient latent; the head itself
-    # always trains in full). At 1M, 3 seeds: Acrobot (seeds 3, 4, 5) -227.3 with 1.0 (one
-    # seed at -500 throughout), -78.7 with 0.6, -77.8 with 0.3, -78.8 with 0.0, -79.2
-    # without a head, and seeds 0, 1, 2 -112.1 with 0.6 (one seed at -164), -80.8 with 0.3 (seeds 6, 7, 8: -81.4, without a head -81.5);
-    # Asterix 20.46 / 9.51 / 4.88 / 1.90 and Breakout 40.86 / 37.60 / 28.32 / 27.84 with
-    # 1.0 / 0.6 / 0.3 / 0.0 (docs/results.md).
+    # always trains in full). At 1M, 3 seeds each, with 1.0 / 0.6 / 0.3 / 0.0 / no head:
+    # Acrobot seeds 3, 4, 5 -227.3 (one seed at -500 throughout) / -78.7 / -77.8 / -78.8 /
+    # -79.2; seeds 0, 1, 2 -84.4 / -112.1 (one seed at -164) / -80.8 / -80.0 / -75.8; Asterix
+    # 20.46 / 9.51 / 4.88 / 1.90 / 2.22; Breakout 40.86 / 37.60 / 28.32 / 27.84 / 29.18
+    # (docs/results.md).
     c.terminal_head_gradient = 1.0
     # Rewards are multiplied by this as they enter the replay, so the model's rewards and
     # values, and every target, are in scaled units; the search normalises Q by its min-max
