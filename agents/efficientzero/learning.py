@@ -33,15 +33,10 @@ from agents.efficientzero.networks import EfficientZeroNetwork, initial_carry, r
 from agents.muzero import learning as mz
 from agents.muzero import losses as mz_losses
 from agents.muzero import targets as tgt
-from agents.muzero.networks import VECTOR_LATENT
+from agents.muzero.networks import VECTOR_LATENT, scale_gradient
 from agents.muzero.search import value_to_scalar
 from podracer import position_replay as pr
 from podracer.types import Array, Metrics, Params, PRNGKey, StepType, Trajectory
-
-
-def scale_gradient(x: Array, scale: float) -> Array:
-    """`x` forwards; its gradient is multiplied by `scale` (MuZero pseudocode)."""
-    return x * scale + jax.lax.stop_gradient(x) * (1.0 - scale)
 
 
 def value_prefix_targets(rewards: Array, horizon: int) -> Array:

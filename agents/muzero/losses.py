@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import chex
-import jax
 import jax.numpy as jnp
 import optax
 
 from agents.muzero import targets as tgt
-from agents.muzero.networks import MuZeroNetwork
+from agents.muzero.networks import MuZeroNetwork, scale_gradient
 from podracer.types import Array, Params
 
 
@@ -49,7 +48,7 @@ def unroll_model(network: MuZeroNetwork, params: Params, observation: Array,
         reward_logits, latent = network.apply(params, latent, actions[:, k], method="dynamics")
         if network.terminal_head:
             ends.append(network.apply(params, latent, method="terminal_logit"))
-        latent = 0.5 * latent + 0.5 * jax.lax.stop_gradient(latent)
+        latent = scale_gradient(latent, 0.5)
         rewards.append(reward_logits)
     rewards = [jnp.zeros_like(values[0])] + rewards
     stack = lambda xs: jnp.stack(xs, axis=1)

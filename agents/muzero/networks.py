@@ -187,7 +187,8 @@ TERMINAL_BIAS = -4.6  # the terminal head's initial logit
 
 
 def scale_gradient(x: Array, scale: float) -> Array:
-    """`x` unchanged forwards; its gradient multiplied by `scale` backwards."""
+    """`x` unchanged forwards; its gradient multiplied by `scale` backwards (the MuZero
+    pseudocode's scale_gradient, written so that the forward value is exactly `x`)."""
     if scale == 1:
         return x
     if scale == 0:
