@@ -297,6 +297,8 @@ def test_every_ablation_switch_builds_acts_and_learns_finitely(changes, spec):
     assert int(state.updates) == 2 * config.updates_per_step
     for name in ez.METRIC_NAMES:
         assert np.isfinite(float(metrics[name])), name
+    # The acting search's policy entropy: at most ln 3 over three actions.
+    assert 0.0 < float(metrics["search_entropy"]) <= np.log(3) + 1e-6
     if changes.get("terminal_head"):
         # The head's cross-entropy reaches the loss: a fresh head (P(end) = 0.01) against
         # these windows' targets costs at least -log(0.99) = 0.01 a step (0 if not trained).

@@ -13,6 +13,7 @@ from conftest import kernel_shapes
 import agents
 import anakin
 from agents import muzero
+from agents.muzero import learning as muzero_learning
 from agents.muzero import networks as muzero_networks
 from agents.muzero.search import visited_q_bounds
 from agents.vtrace import networks as vtrace_networks
@@ -316,6 +317,21 @@ def test_learner_step_inserts_the_trajectory_and_waits_for_enough_data(reanalyse
     state, metrics = step(state, jax.random.PRNGKey(2))
     assert float(metrics["replay_size"]) == 12 and int(state.updates) == 1
     assert math.isfinite(float(metrics["loss"]))
+    # Every step's search policy is uniform over 3 actions: entropy ln 3.
+    np.testing.assert_allclose(float(metrics["search_entropy"]), math.log(3), rtol=1e-6)
+
+
+def test_search_entropy_is_the_mean_entropy_of_the_masked_policies():
+    policies = jnp.array([[[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]],
+                          [[0.25, 0.25, 0.5], [1 / 3, 1 / 3, 1 / 3]]])  # [T=2, B=2, A=3]
+    entropies = np.array([[0.0, math.log(2)], [1.5 * math.log(2), math.log(3)]])  # by hand
+    every = jnp.ones((2, 2), bool)
+    np.testing.assert_allclose(float(muzero_learning.policy_entropy(policies, every)),
+                               entropies.mean(), rtol=1e-6)
+    some = jnp.array([[False, True], [True, False]])
+    np.testing.assert_allclose(float(muzero_learning.policy_entropy(policies, some)),
+                               (math.log(2) + 1.5 * math.log(2)) / 2, rtol=1e-6)
+    assert float(muzero_learning.policy_entropy(policies, jnp.zeros((2, 2), bool))) == 0.0
 
 
 def test_trajectory_length_must_match_the_replay_segments():

@@ -313,7 +313,10 @@ def learner_step(update: Callable[[LearnerState, PRNGKey], tuple[LearnerState, M
     """Appends a trajectory's timesteps (`steps` leaves [T, B, ...], `sampleable` [T, B]) to
     the replay, then runs `update` `updates_per_step` times once every device's replay
     holds `min_replay_items` sampleable positions (zeros for `metric_names` until then).
-    Metrics are averaged over the updates and over `axis_name`."""
+    Metrics are averaged over the updates and over `axis_name`; `search_entropy` is the mean
+    entropy (nats) of the acting search's policies over the trajectory's sampleable steps
+    (ln A for a uniform one over A actions; acting's spread, as an actor-critic's entropy)."""
+    search_entropy = policy_entropy(steps["policy"], sampleable)
     state = state.replace(replay=replay.add(state.replay, steps, sampleable))
 
     def train(state):
@@ -331,7 +334,17 @@ def learner_step(update: Callable[[LearnerState, PRNGKey], tuple[LearnerState, M
     if axis_name is not None:
         ready = jax.lax.pmin(ready.astype(jnp.int32), axis_name) > 0
     state, metrics = jax.lax.cond(ready, train, wait, state)
-    metrics = {**metrics, "replay_size": size.astype(jnp.float32)}
+    metrics = {**metrics, "replay_size": size.astype(jnp.float32),
+               "search_entropy": search_entropy}
     if axis_name is not None:
         metrics = jax.lax.pmean(metrics, axis_name)
     return state, metrics
+
+
+def policy_entropy(policies: Array, mask: Array) -> Array:
+    """[] The mean entropy (nats) of the policies `[..., A]` where `mask` (`[...]` bool) is
+    set; 0 where none is. A zero probability contributes 0."""
+    logs = jnp.log(jnp.where(policies > 0, policies, 1.0))
+    entropy = -jnp.sum(policies * logs, axis=-1)
+    weights = mask.astype(jnp.float32)
+    return jnp.sum(entropy * weights) / jnp.maximum(jnp.sum(weights), 1.0)
