@@ -99,6 +99,7 @@ def test_the_terminal_head_loss_is_the_logistic_loss_where_the_reward_is_trained
 def test_the_terminal_head_discounts_the_search_step_by_the_chance_the_episode_goes_on():
     config = muzero.default_config()
     config.discount = 0.9
+    config.terminal_head = False
     network = muzero_networks.make_network(config, SPEC)
     config.terminal_head = True
     ended = muzero_networks.make_network(config, SPEC)
@@ -227,7 +228,9 @@ def test_recurrent_fn_shapes_and_discount():
     assert next_latent.shape == latent.shape
     assert out.reward.shape == out.value.shape == out.discount.shape == (7,)
     assert out.prior_logits.shape == (7, 3)
-    np.testing.assert_allclose(out.discount, 0.9)
+    # The default's fresh terminal head says P(end) = sigmoid(-4.6) = 0.0099518 for any
+    # latent (its output layer starts at zero weights): gamma (1 - P(end)).
+    np.testing.assert_allclose(out.discount, 0.9 * (1 - 0.0099518), rtol=1e-5)
 
 
 @pytest.mark.parametrize("search", ["muzero", "gumbel"])
@@ -449,12 +452,14 @@ def test_parameter_count_of_the_mlp_board_network():
       reward head     128*128+128 + 128*21+21                = 19,221
       policy head     128*128+128 + 128*5+5                  = 17,157
       value head      128*128+128 + 128*21+21                = 19,221
+      terminal head   128*128+128 + 128*1+1                  = 16,641
     """
     minatar = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(5))
     config = muzero.default_config()
     config.network = "mlp"
     agent = agents.make(config, minatar)
-    assert parameter_count(agent, minatar) == 68_352 + 34_176 + 19_221 + 17_157 + 19_221
+    assert parameter_count(agent, minatar) == (68_352 + 34_176 + 19_221 + 17_157 + 19_221
+                                               + 16_641)
 
 
 def test_parameter_count_of_the_default_board_network():
@@ -464,12 +469,13 @@ def test_parameter_count_of_the_default_board_network():
     that the representation MLP reads flattened; every other layer is the MLP network's above.
       convolution     3*3*4*32+32                                 =   1,184
       representation  3200*128+128 + 256 + 128*128+128 + 256      = 426,752
-      dynamics, reward, policy and value heads as above: 34,176 + 19,221 + 17,157 + 19,221
+      dynamics, reward, policy, value and terminal heads as above: 34,176 + 19,221 +
+      17,157 + 19,221 + 16,641
     """
     minatar = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(5))
     agent = agents.make(muzero.default_config(), minatar)
     assert parameter_count(agent, minatar) == (1_184 + 426_752 + 34_176 + 19_221 + 17_157
-                                               + 19_221)
+                                               + 19_221 + 16_641)
 
 
 @pytest.mark.parametrize("network", ["conv_mlp", "resnet"])

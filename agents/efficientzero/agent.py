@@ -47,6 +47,9 @@ def default_config() -> ml_collections.ConfigDict:
     each; defaults follow the paper where it is specific."""
     c = muzero.default_config()
     c.name = "efficientzero"
+    # MuZero's terminal head (on in MuZero's default) stays off: the reference has none, and
+    # EfficientZero with it was run only to 230K on MinAtar Asterix (docs/results.md).
+    c.terminal_head = False
     # Value prefix.
     c.value_prefix = True
     c.value_prefix_horizon = 5  # H: the LSTM restarts every H unroll (and search) steps
