@@ -31,6 +31,9 @@ def get_config() -> ml_collections.ConfigDict:
     # A constant acting temperature, as this config's recorded results were measured with
     # (MuZero's default lowers it after 4,000 and 6,000 updates).
     config.agent.temperature_decay_updates = 0
+    # No terminal head, as this config's recorded results were measured (MuZero's default has
+    # one since 2026-11-28).
+    config.agent.terminal_head = False
     config.agent.min_replay_items = 640  # positions
     config.agent.target_update_interval = 50
     config.total_env_steps = 40_000

@@ -41,6 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
     # mctx's Q normalisation, which this config's recorded results were measured with (MuZero's
     # default is the tree's min-max, "tree_min_max").
     config.agent.q_transform = "parent_and_siblings"
+    # No terminal head, as this config's recorded results were measured (MuZero's default has
+    # one since 2026-11-28).
+    config.agent.terminal_head = False
     config.updates_per_chunk = 25
     config.total_env_steps = 64_000
     config.checkpoint_every_updates = 200  # with a --workdir; 200 updates here, 1,600 in MinAtar
