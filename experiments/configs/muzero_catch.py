@@ -38,12 +38,10 @@ def get_config() -> ml_collections.ConfigDict:
     # EfficientZero config built from this one from stalling at a training return of 0.8
     # (docs/efficientzero.md), where its own default masks them as its reference does.
     config.agent.past_end_targets = "absorbing"
-    # mctx's Q normalisation, which this config's recorded results were measured with (MuZero's
-    # default is the tree's min-max, "tree_min_max").
-    config.agent.q_transform = "parent_and_siblings"
-    # No terminal head, as this config's recorded results were measured (MuZero's default has
-    # one since 2026-11-28).
-    config.agent.terminal_head = False
+    # mctx's Q normalisation and no terminal head, which this config's recorded results were
+    # measured with (MuZero's defaults: the tree's min-max, "tree_min_max", and since
+    # 2026-11-28 a terminal head).
+    config.agent.q_transform, config.agent.terminal_head = "parent_and_siblings", False
     config.updates_per_chunk = 25
     config.total_env_steps = 64_000
     config.checkpoint_every_updates = 200  # with a --workdir; 200 updates here, 1,600 in MinAtar
