@@ -565,6 +565,36 @@ def test_muzero_sebulba_improves_on_cartpole():
     assert mean_late >= 75, curve
 
 
+def test_muzero_sebulba_logs_the_default_terminal_heads_loss_and_the_search_entropy():
+    """MuZero's default model has a terminal head. Under Sebulba (actor device 0, learner
+    device 1) its loss and the acting search's entropy reach every record after learning
+    starts, finite; the entropy lies in [0, ln 2] over CartPole's two actions (0 once both
+    of the 2 simulations visit one child) and is not 0 throughout."""
+    import sebulba
+    from experiments.configs import muzero_cartpole
+
+    config = muzero_cartpole.get_config()
+    config.agent.terminal_head = muzero.default_config().terminal_head
+    assert config.agent.terminal_head
+    config.actor_device_ids, config.learner_device_ids = (0,), (1,)
+    config.envs_per_actor_thread, config.rollout_length = 8, 8
+    config.total_env_steps, config.log_every_updates = 64 * 30, 5
+    config.checkpoint_every_updates = config.eval_every_updates = 0
+    agent = config.agent
+    agent.search, agent.num_simulations = "muzero", 2
+    agent.unroll_steps, agent.td_steps, agent.support_size = 1, 2, 3
+    agent.hidden_sizes, agent.latent_size = (16,), 16
+    agent.batch_size, agent.replay_capacity, agent.min_replay_items = 8, 128, 8
+    agent.updates_per_step = 1
+    result = sebulba.train(config)
+    learning = [r for r in result.history if r["updates"] > 0]
+    assert learning, result.history
+    for record in learning:
+        assert math.isfinite(record["terminal_loss"]) and record["terminal_loss"] > 0, record
+        assert 0.0 <= record["search_entropy"] <= math.log(2) + 1e-6, record
+    assert max(r["search_entropy"] for r in learning) > 0.1, learning
+
+
 def _frame_stacked_stream(num_steps, num_stack=4, shape=(3, 2), seed=0):
     """What envpool's frame stacker (newest frame last) produces over a stream with game
     resets, which fill the stack with the first frame, and life losses, which start a new
