@@ -238,6 +238,36 @@ def small_catch_config(**overrides):
     set_fields(config, overrides)
     return config
 
+
+TINY_SEBULBA_ENVS, TINY_SEBULBA_T = 8, 8  # one actor thread's environments and T
+
+
+def tiny_sebulba_muzero_config(**overrides):
+    """`muzero_cartpole.py` shrunk for Sebulba tests: `TINY_SEBULBA_ENVS` environments on one
+    actor thread, T = `TINY_SEBULBA_T`, a 60 s peer timeout, PUCT with 2 simulations, a
+    16-wide model with K = 1, n = 2 and a 3-point support, and a replay of 128 positions that
+    learns from the first update; `overrides` set dotted fields."""
+    from experiments.configs import muzero_cartpole
+
+    config = muzero_cartpole.get_config()
+    config.envs_per_actor_thread = TINY_SEBULBA_ENVS
+    config.rollout_length = TINY_SEBULBA_T
+    config.timeout_s = 60.0
+    agent = config.agent
+    agent.search = "muzero"  # compiles faster than Gumbel search
+    agent.num_simulations = 2
+    agent.unroll_steps = 1
+    agent.td_steps = 2
+    agent.support_size = 3
+    agent.hidden_sizes = (16,)
+    agent.latent_size = 16
+    agent.batch_size = 8
+    agent.replay_capacity = 128
+    agent.min_replay_items = 8  # learns from the first update on
+    agent.updates_per_step = 1
+    set_fields(config, overrides)
+    return config
+
 def pytest_xdist_auto_num_workers(config) -> int:
     """One worker per core, at most 4 and at most one per 6 GiB of memory (a worker with 8
     simulated devices peaks near 5 GiB). Much of a test's time is XLA compiling on one core,

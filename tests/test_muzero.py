@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import mctx
 import numpy as np
 import pytest
-from conftest import kernel_shapes
+from conftest import kernel_shapes, tiny_sebulba_muzero_config
 
 import agents
 import anakin
@@ -571,21 +571,12 @@ def test_muzero_sebulba_logs_the_default_terminal_heads_loss_and_the_search_entr
     starts, finite; the entropy lies in [0, ln 2] over CartPole's two actions (0 once both
     of the 2 simulations visit one child) and is not 0 throughout."""
     import sebulba
-    from experiments.configs import muzero_cartpole
 
-    config = muzero_cartpole.get_config()
+    config = tiny_sebulba_muzero_config(actor_device_ids=(0,), learner_device_ids=(1,),
+                                        total_env_steps=64 * 30, log_every_updates=5,
+                                        checkpoint_every_updates=0, eval_every_updates=0)
     config.agent.terminal_head = muzero.default_config().terminal_head
     assert config.agent.terminal_head
-    config.actor_device_ids, config.learner_device_ids = (0,), (1,)
-    config.envs_per_actor_thread, config.rollout_length = 8, 8
-    config.total_env_steps, config.log_every_updates = 64 * 30, 5
-    config.checkpoint_every_updates = config.eval_every_updates = 0
-    agent = config.agent
-    agent.search, agent.num_simulations = "muzero", 2
-    agent.unroll_steps, agent.td_steps, agent.support_size = 1, 2, 3
-    agent.hidden_sizes, agent.latent_size = (16,), 16
-    agent.batch_size, agent.replay_capacity, agent.min_replay_items = 8, 128, 8
-    agent.updates_per_step = 1
     result = sebulba.train(config)
     learning = [r for r in result.history if r["updates"] > 0]
     assert learning, result.history

@@ -18,17 +18,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import checkpoint_steps, snapshot, start_experiment, wait_until
+from conftest import (
+    TINY_SEBULBA_ENVS,
+    TINY_SEBULBA_T,
+    checkpoint_steps,
+    snapshot,
+    start_experiment,
+    tiny_sebulba_muzero_config,
+    wait_until,
+)
 
 import sebulba
-from experiments.configs import muzero_cartpole
 from podracer.agent import Agent
 from podracer.checkpoint import load_arrays, read_metadata
 from podracer.config import ConfigError
 from podracer.metrics import read_records
 from sebulba import envpool_env
 
-ENVS, T = 8, 8
+ENVS, T = TINY_SEBULBA_ENVS, TINY_SEBULBA_T
 STEPS_PER_UPDATE = ENVS * T  # one process, one actor thread
 
 
@@ -165,30 +172,14 @@ def test_killed_then_preempted_run_resumes_where_its_checkpoints_left_off(tmp_pa
 STOP_SIGNAL_AT = 10  # the record after which the run sends itself SIGTERM
 
 
-def _tiny_muzero(**overrides):
-    config = _small(muzero_cartpole.get_config(), **overrides)
-    agent = config.agent
-    agent.search = "muzero"  # compiles faster than Gumbel search
-    agent.num_simulations = 2
-    agent.unroll_steps = 1
-    agent.td_steps = 2
-    agent.support_size = 3
-    agent.hidden_sizes = (16,)
-    agent.latent_size = 16
-    agent.batch_size = 8
-    agent.replay_capacity = 128
-    agent.min_replay_items = 8  # learns from the first update on
-    agent.updates_per_step = 1
-    return config
-
-
 @pytest.fixture(scope="module")
 def preempted(tmp_path_factory):
     """A run that sends itself SIGTERM while logging update 10 (from the learner thread) and
     waits for the handler: the learner sees the flag after its next update, 11."""
     workdir = str(tmp_path_factory.mktemp("preempted"))
-    config = _tiny_muzero(total_env_steps=60 * STEPS_PER_UPDATE, log_every_updates=5,
-                          checkpoint_every_updates=0, eval_every_updates=0)
+    config = tiny_sebulba_muzero_config(total_env_steps=60 * STEPS_PER_UPDATE,
+                                        log_every_updates=5, checkpoint_every_updates=0,
+                                        eval_every_updates=0)
 
     def log_fn(record):
         if record["updates"] == STOP_SIGNAL_AT:
