@@ -445,11 +445,11 @@ def main(argv):
     for r in range(runs):
         print(f"trained run {r}: {summary(predict(run_params[r], *data[r][:2]), data[r][2])}")
         run_items = jax.tree.map(lambda x, r=r: np.asarray(x[0, r]), items)
+        fatal = into_terminal(run_items)
         print(f"trained run {r}: "
-              f"{terminal_recall(values(run_params[r], *data[r][:2]), into_terminal(run_items))}")
-        if network.terminal_head and into_terminal(run_items).any():
+              f"{terminal_recall(values(run_params[r], *data[r][:2]), fatal)}")
+        if network.terminal_head and fatal.any():
             p_end = end_probability_fn(network)(run_params[r], *data[r][:2])
-            fatal = into_terminal(run_items)
             print(f"trained run {r}: the terminal head's P(end) {p_end[fatal].mean():.3f} on "
                   f"the steps into a terminal (above 0.5 in {np.mean(p_end[fatal] > 0.5):.2f}),"
                   f" {p_end[~fatal].mean():.4f} on the others")
