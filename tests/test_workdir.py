@@ -186,6 +186,23 @@ def test_a_width_left_to_the_agent_resumes_when_every_array_agrees():
     with pytest.raises(workdir_lib.ResumeError) as info:
         check({}, _LAYOUT)
     assert info.value.fields == ["agent.hidden_sizes"]
+    assert "config.agent.hidden_sizes: checkpoint None, this run [128]" in str(info.value)
+    assert "--config.resume_allow_changes='(\"agent.hidden_sizes\",)'" in str(info.value)
+
+
+def test_a_field_added_since_the_checkpoint_resumes_only_when_named():
+    # e.g. MuZero's terminal_head_gradient, added after EfficientZero's head runs began: the
+    # new field's default need not be what the older code did, so the user says so.
+    def check(allow):
+        metadata = {"updates": 20, "config": {"agent": {"name": "muzero"}}, "layout": _LAYOUT}
+        config = {"agent": {"name": "muzero", "head_share": 1.0}, "resume_allow_changes": allow}
+        return workdir_lib.check_compatible(metadata, directory="/nowhere/checkpoints",
+                                            config=config, layout=_LAYOUT, run_shape={})
+
+    with pytest.raises(workdir_lib.ResumeError) as info:
+        check(())
+    assert info.value.fields == ["agent.head_share"]
+    assert check(("agent.head_share",)) == {"agent.head_share": (None, 1.0)}
 
 
 def test_only_a_damaged_checkpoint_is_set_aside(finished, tmp_path):
