@@ -4,8 +4,9 @@ assembled from MuZero's pieces and this package's additions, each behind a switc
     value_prefix       LSTM value prefix instead of per-step rewards (search and learning)
     consistency        SimSiam consistency between g's latents and h of the real observations
     td_age_interval    off-policy correction: n shortened with the data's age (0: off)
-    reanalyse_fraction share of each batch whose policy and bootstrap values are recomputed
-                       by a search with the target network (paper: all)
+    reanalyse_fraction share of each batch whose policy targets are recomputed by a search
+                       with the target network (paper: all); bootstrap values come from the
+                       target network either way (MuZero's `reanalyse_value`)
     augment            random shift and intensity of image observations
     refresh_interval   SpeedyZero's Priority Refresh every N updates (0: off)
     optimizer          "adamw" or SpeedyZero's "clipped_lars" (`podracer.optim`)

@@ -106,7 +106,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.weight_decay = 1e-4  # sweepable
     c.value_cost = 1.0  # sweepable
     c.target_update_interval = 100  # updates between target-network copies
-    c.reanalyse_fraction = 0.0  # share of each batch whose targets are recomputed by search
+    c.reanalyse_fraction = 0.0  # share of each batch whose policy targets are searched afresh
     # Reanalysed bootstrap values: "target_network" (the target network's value, as MuZero
     # Reanalyse and EfficientZero's reference) or "root" (the root value of a fresh search).
     c.reanalyse_value = "target_network"
