@@ -133,7 +133,7 @@ def test_the_terminal_head_discounts_efficientzero_search_steps_as_muzero_does()
         out, _ = step(params, None, action, embedding)
         return np.asarray(out.discount), params
 
-    plain, params = discount(small_config())
+    plain, params = discount(small_config(terminal_head=False))
     assert "end_head" not in params["params"]["muzero"]
     np.testing.assert_allclose(plain, [0.9, 0.9], rtol=1e-6)
     fresh, params = discount(small_config(terminal_head=True))
@@ -267,9 +267,9 @@ def _trajectory(spec, t, b, key):
 
 # Every switch in both positions across four programs (each compiles acting and learning).
 @pytest.mark.parametrize("changes, spec", [
-    ({"terminal_head": True}, SPEC),  # everything on, Reanalyse included
+    ({}, SPEC),  # the defaults (the terminal head on) and small_config's Reanalyse share
     ({"value_prefix": False, "consistency": False, "reanalyse_fraction": 0.0,
-      "unroll_gradient_scale": "per_step", "past_end_targets": "absorbing",
+      "unroll_gradient_scale": "per_step", "past_end_targets": "masked", "terminal_head": False,
       "q_transform": "parent_and_siblings", "unvisited_q": "min",
       "temperature_decay_updates": 0}, SPEC),
     ({"td_age_interval": 8, "refresh_interval": 1, "refresh_batch": 3,
@@ -277,7 +277,7 @@ def _trajectory(spec, t, b, key):
       "value_prefix_norm": False, "consistency_norm": "layer", "reanalyse_value": "root"},
      SPEC),
     ({"network": "ez_resnet", "augment": True, "reanalyse_fraction": 0.0}, IMAGE_SPEC),
-], ids=["all-on-terminal-head", "all-off", "age-refresh-lars-gumbel-prefix-without-norm-layernorm-root",
+], ids=["defaults", "all-off", "age-refresh-lars-gumbel-prefix-without-norm-layernorm-root",
         "ez_resnet-augment"])
 def test_every_ablation_switch_builds_acts_and_learns_finitely(changes, spec):
     config = small_config(**changes)
@@ -299,7 +299,7 @@ def test_every_ablation_switch_builds_acts_and_learns_finitely(changes, spec):
         assert np.isfinite(float(metrics[name])), name
     # The acting search's policy entropy: at most ln 3 over three actions.
     assert 0.0 < float(metrics["search_entropy"]) <= np.log(3) + 1e-6
-    if changes.get("terminal_head"):
+    if config.terminal_head:
         # The head's cross-entropy reaches the loss: a fresh head (P(end) = 0.01) against
         # these windows' targets costs at least -log(0.99) = 0.01 a step (0 if not trained).
         assert float(metrics["terminal_loss"]) > 0.009, metrics["terminal_loss"]

@@ -45,13 +45,14 @@ METRIC_NAMES = muzero.METRIC_NAMES + ("consistency_loss", "td_steps")
 
 def default_config() -> ml_collections.ConfigDict:
     """MuZero's fields (`agents.muzero.default_config`) and EfficientZero's, one comment
-    each; defaults follow the paper where it is specific."""
+    each; defaults follow the paper where it is specific, unless a comment says why not."""
     c = muzero.default_config()
     c.name = "efficientzero"
-    # MuZero's terminal head (on in MuZero's default) stays off: the reference has none, and
-    # EfficientZero ran with it only on MinAtar Breakout (49.9 at 1M, 37.0 without) and
-    # Asterix (0.90; MuZero's 20.5), not on the other games (docs/results.md).
-    c.terminal_head = False
+    # MuZero's terminal head and absorbing targets past a terminal (below) are on, as in
+    # MuZero's default; the reference has neither (efficientzero_atari100k.py turns them off).
+    # On MinAtar Asterix at 1M, both without Reanalyse reach 7.77 against 0.90 for the head
+    # alone with it; the head lifts Breakout from 37.0 to 49.9 (docs/results.md).
+    c.terminal_head = True
     # Value prefix.
     c.value_prefix = True
     c.value_prefix_horizon = 5  # H: the LSTM restarts every H unroll (and search) steps
@@ -73,7 +74,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.td_steps = 5
     c.td_steps_min = 1
     c.td_age_interval = 0
-    c.reanalyse_fraction = 1.0  # the paper reanalyses every sample
+    # The paper reanalyses every sample (1.0; efficientzero_atari100k.py). Off, as in MuZero's
+    # default and the Catch and MinAtar configs: on MinAtar it costs about 3 times the wall
+    # time, is level on Breakout at 538K (26.8 against 25.3) and behind on Asterix (0.70
+    # against 1.06 at 300K; docs/results.md, 2026-11-29, later).
+    c.reanalyse_fraction = 0.0
     # Augmentation of image observations read by a convolutional network (ignored for
     # other observations and for the MLP network, which flattens them).
     c.augment = True
@@ -85,10 +90,10 @@ def default_config() -> ml_collections.ConfigDict:
     # "whole": 1/K on the whole loss, every term keeping its weight (the reference);
     # "per_step": 1/K on the predictions past step 0 only (MuZero appendix G's reading).
     c.unroll_gradient_scale = "whole"
-    # The reference's targets past a terminal (MuZero's default trains the absorbing state);
-    # EfficientZero's MinAtar results were measured with these. `from_muzero` carries the
-    # MuZero config's value, as for every MuZero field.
-    c.past_end_targets = "masked"
+    # MuZero's absorbing state past a terminal (value 0, reward 0, a uniform policy, the head's
+    # 1); "masked" is the reference's (nothing after the terminal is trained), with which
+    # EfficientZero stalled on Catch and Asterix. `from_muzero` carries the MuZero config's.
+    c.past_end_targets = "absorbing"
     # The acting schedule is MuZero's (`temperature_decay_updates`: 1.0 to half, 0.5 to three
     # quarters, then 0.25) over MuZero's 8,000 learner updates, 1M steps at Anakin's default
     # batch: the reference spreads it over its whole training (100K updates in Atari 100k,

@@ -58,6 +58,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.min_replay_items = 2_000
     config.agent.target_update_interval = 200
     config.agent.reanalyse_fraction = 1.0
+    config.agent.past_end_targets = "masked"  # the reference's; the default is MuZero's
+    config.agent.terminal_head = False  # the reference has none
     config.agent.refresh_interval = 1_000
     config.eval_every_updates = 250  # at the end: 250 updates of 400 steps
     config.eval_episodes = 32
