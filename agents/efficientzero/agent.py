@@ -75,9 +75,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.td_steps_min = 1
     c.td_age_interval = 0
     # The paper reanalyses every sample (1.0; efficientzero_atari100k.py). Off, as in MuZero's
-    # default and the Catch and MinAtar configs: on MinAtar it costs about 3 times the wall
-    # time, is level on Breakout at 538K (26.8 against 25.3) and behind on Asterix (0.70
-    # against 1.06 at 300K; docs/results.md, 2026-11-29, later).
+    # default and the Catch and MinAtar configs: on MinAtar it costs 2 to 2.8 times the wall
+    # time, is level on Breakout at 538K (26.8 against 25.3) and behind on Asterix (0.77 at
+    # 312K against 1.06 at 307K; docs/results.md, 2026-11-29, later).
     c.reanalyse_fraction = 0.0
     # Augmentation of image observations read by a convolutional network (ignored for
     # other observations and for the MLP network, which flattens them).
