@@ -79,7 +79,7 @@ from absl import app, flags
 import envs_jax
 from agents.muzero import targets as tgt
 from agents.muzero.agent import search_config
-from agents.muzero.networks import make_network, resolve_network
+from agents.muzero.networks import make_network
 from agents.muzero.search import (
     TREE_MIN_MAX_FLOOR,
     make_recurrent_fn,
@@ -88,6 +88,7 @@ from agents.muzero.search import (
     visited_q_bounds,
 )
 from envs_jax.wrappers import AutoReset
+from experiments.probing import freeway_row, trained_network
 from podracer import checkpoint
 from podracer.types import Array, EnvSpec, StepType
 
@@ -243,11 +244,6 @@ def ends_the_episode(timestep, next_timestep) -> Array:
     """The terminal probe's default outcome: a true terminal (LAST with discount 0)."""
     del timestep
     return (next_timestep.step_type == StepType.LAST) & (next_timestep.discount == 0)
-
-
-def freeway_row(observation: Array) -> Array:
-    """MinAtar Freeway's chicken row (0 top, 9 the bottom): channel 0, column 4 (gymnax)."""
-    return jnp.argmax(observation[..., :, 4, 0], axis=-1)
 
 
 def freeway_collision(timestep, next_timestep) -> Array:
@@ -421,12 +417,7 @@ def main(argv):
     params = params.get("muzero", params)  # EfficientZero's h, g and f (MuZero's network)
     runs = jax.tree.leaves(items)[0].shape[1]
     support = int(agent_config.support_size)
-    if agent_config.network == "auto":
-        # Runs record what "auto" chose (`Agent.chosen`) since 2026-11-27; older ones hold
-        # "auto", and MinAtar's boards then got the MLP. The saved parameters say which.
-        agent_config.network = ("conv_mlp" if "repr_conv" in params else
-                                resolve_network("auto", env_spec).replace("conv_mlp", "mlp"))
-    network = make_network(agent_config, env_spec)
+    network = trained_network(agent_config, env_spec, params)
     print(f"{config['env']['name']}, {agent_config.name} ({network.kind}), "
           f"{metadata['env_steps']:,} steps, {runs} run(s)")
     # A run with `reward_scale` stored its rewards, and learnt its model, in scaled units:

@@ -1,0 +1,28 @@
+"""What the probes (`experiments.probe_rewards`, `experiments.probe_latent`) share: the
+network of a saved run, and MinAtar Freeway's chicken row. No flags, so each probe can
+import it."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import ml_collections
+
+from agents.muzero.networks import MuZeroNetwork, make_network, resolve_network
+from podracer.types import Array, EnvSpec
+
+
+def freeway_row(observation: Array) -> Array:
+    """MinAtar Freeway's chicken row (0 top, 9 the bottom): channel 0, column 4 (gymnax)."""
+    return jnp.argmax(observation[..., :, 4, 0], axis=-1)
+
+
+def trained_network(agent_config: ml_collections.ConfigDict, env_spec: EnvSpec,
+                    params) -> MuZeroNetwork:
+    """MuZero's network (h, g and f) of a run of `agent_config` with saved `params` (MuZero's,
+    or EfficientZero's "muzero" subtree); `agent_config.network` is set to the kind built."""
+    if agent_config.network == "auto":
+        # Runs record what "auto" chose (`Agent.chosen`) since 2026-11-27; older ones hold
+        # "auto", and MinAtar's boards then got the MLP. The saved parameters say which.
+        agent_config.network = ("conv_mlp" if "repr_conv" in params else
+                                resolve_network("auto", env_spec).replace("conv_mlp", "mlp"))
+    return make_network(agent_config, env_spec)

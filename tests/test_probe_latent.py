@@ -1,0 +1,47 @@
+"""`experiments.probe_latent`'s read-out and per-row means, and the Freeway row it reads."""
+
+import jax
+import numpy as np
+
+import envs_jax
+from experiments import probe_latent
+from experiments.probing import freeway_row
+
+
+def test_a_latent_that_codes_the_label_is_read_out_and_noise_is_not():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, size=4000)
+    # Each label's one-hot code mixed into 16 dimensions, plus a little noise: linear.
+    mix = rng.normal(size=(4, 16))
+    coded = np.eye(4)[labels] @ mix + 0.01 * rng.normal(size=(4000, 16))
+    accuracy, majority = probe_latent.linear_readout(coded, labels, 4)
+    assert accuracy == 1.0
+    held_out = labels[3000:]
+    assert majority == np.bincount(held_out).max() / 1000
+    # A latent drawn independently of the labels reads out no better than chance (1/4 here,
+    # the labels being uniform), within sampling error over 1000 held-out rows.
+    noise = rng.normal(size=(4000, 16))
+    accuracy, _ = probe_latent.linear_readout(noise, labels, 4)
+    assert abs(accuracy - 0.25) < 0.06
+
+
+def test_mean_by_label_averages_each_label_and_marks_an_absent_one():
+    values = np.array([1.0, 3.0, 10.0, 0.5])
+    labels = np.array([0, 0, 2, 3])
+    np.testing.assert_allclose(probe_latent.mean_by_label(values, labels, 5),
+                               [2.0, np.nan, 10.0, 0.5, np.nan])
+
+
+def test_freeway_row_reads_the_chicken_at_the_start_and_as_it_moves_up():
+    env = envs_jax.make("gymnax:Freeway-MinAtar")
+    state, timestep = env.reset(jax.random.PRNGKey(0))
+    # MinAtar Freeway starts the chicken on the bottom row (9 of 0..9) with its move timer at
+    # 3, counted down by one at the end of every step: "up" moves it only when the timer is 0,
+    # on the fourth step, and then every third step (a move sets it to 3, and the same step's
+    # count-down leaves 2).
+    rows = [int(freeway_row(timestep.observation))]
+    up = 1  # gymnax's minimal action set for Freeway: no-op, up, down
+    for _ in range(8):
+        state, timestep = env.step(state, up)
+        rows.append(int(freeway_row(timestep.observation)))
+    assert rows == [9, 9, 9, 9, 8, 8, 8, 7, 7]
