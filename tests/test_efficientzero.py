@@ -274,7 +274,8 @@ def _trajectory(spec, t, b, key):
       "temperature_decay_updates": 0}, SPEC),
     ({"td_age_interval": 8, "refresh_interval": 1, "refresh_batch": 3,
       "optimizer": "clipped_lars", "learning_rate": 0.1, "search": "gumbel",
-      "value_prefix_norm": False, "consistency_norm": "layer", "reanalyse_value": "root"},
+      "value_prefix_norm": False, "consistency_norm": "layer", "reanalyse_value": "root",
+      "consistency_to_representation": False},
      SPEC),
     ({"network": "ez_resnet", "augment": True, "reanalyse_fraction": 0.0}, IMAGE_SPEC),
 ], ids=["defaults", "all-off", "age-refresh-lars-gumbel-prefix-without-norm-layernorm-root",
@@ -555,6 +556,36 @@ def test_unroll_gradient_scale_weighs_steps_past_zero_as_the_switch_says(scale):
         np.testing.assert_allclose(np.asarray(g), expected * np.asarray(r), rtol=1e-4,
                                    atol=1e-6)
     assert any(np.abs(np.asarray(r)).max() > 0 for r in jax.tree.leaves(reference))
+
+
+@pytest.mark.parametrize("reach", [True, False])
+def test_consistency_to_representation_decides_whether_the_loss_trains_h(reach):
+    # The consistency loss on the unroll's latents: its gradient reaches g (dynamics) either
+    # way, and h (representation) only with the switch on. Off, the latents are the same
+    # values (g run again from h(o_0)), so the loss is unchanged.
+    config = small_config(consistency_to_representation=reach)
+    network = ez.make_ez_network(config, SPEC)
+    observation = jax.random.normal(jax.random.key(1), (4, 6, 4))
+    params = perturbed_params(network, jax.random.key(0), observation)
+    actions = jnp.array([[0, 1, 2]] * 4, jnp.int32)
+    targets = jax.random.normal(jax.random.key(3), (4, config.unroll_steps, 6, 4))
+    mask = jnp.ones((4, config.unroll_steps))
+
+    def loss(params, reach):
+        out = ez.unroll_model(network, params, observation, actions,
+                              value_prefix=config.value_prefix,
+                              value_prefix_horizon=config.value_prefix_horizon,
+                              lstm_size=config.lstm_size, gradient_scale="whole",
+                              latents_reach_representation=reach)
+        return jnp.sum(ez.consistency_loss(network, params, out.latents, targets, mask,
+                                           step_scale=1.0))
+
+    np.testing.assert_allclose(float(loss(params, reach)), float(loss(params, True)),
+                               rtol=1e-5)
+    grads = jax.grad(loss)(params, reach)["params"]["muzero"]
+    largest = lambda tree: max(float(jnp.abs(g).max()) for g in jax.tree.leaves(tree))
+    assert largest(grads["dyn_net"]) > 0
+    assert (largest(grads["repr_net"]) > 0) == reach
 
 
 def test_the_default_acting_temperature_falls_within_a_1m_step_run():

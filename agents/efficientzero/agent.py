@@ -68,6 +68,12 @@ def default_config() -> ml_collections.ConfigDict:
     # Normalisation in the projector and predictor: "batch" (the reference's batch norm,
     # batch statistics) or "layer" (per-sample LayerNorm, whose projections collapse).
     c.consistency_norm = "batch"
+    # True (the reference): the loss's gradient reaches h through g's unroll from h(o_0).
+    # False: g is unrolled again from a stop-gradient h(o_0) for the loss, which then trains
+    # g and the heads but not h. On MinAtar Freeway, where rewards are rare and the chicken
+    # moves on a hidden timer, the loss alone shapes h and the chicken's row can no longer be
+    # read from it (docs/results.md, 2026-11-29, after the last).
+    c.consistency_to_representation = True
     # Off-policy correction: n = clip(td_steps - floor(age / td_age_interval), td_steps_min,
     # td_steps), age in environment steps since the data was stored (Atari 100k: 5, 1,
     # 30,000). 0 turns it off (n = td_steps always).
@@ -182,7 +188,9 @@ def learn_config(config: ml_collections.ConfigDict) -> learning.LearnConfig:
     return learning.LearnConfig(
         muzero=muzero.learn_config(config), value_prefix=config.value_prefix,
         value_prefix_horizon=config.value_prefix_horizon, lstm_size=config.lstm_size,
-        consistency=config.consistency, td_steps_min=config.td_steps_min,
+        consistency=config.consistency,
+        consistency_to_representation=config.consistency_to_representation,
+        td_steps_min=config.td_steps_min,
         td_age_interval=config.td_age_interval, augment=config.augment,
         augment_shift=config.augment_shift, augment_intensity=config.augment_intensity,
         augment_draws=config.augment_draws, unroll_gradient_scale=config.unroll_gradient_scale,

@@ -129,16 +129,20 @@ class UnrollOutput:
 
 def unroll_model(network: EfficientZeroNetwork, params: Params, observation: Array,
                  actions: Array, *, value_prefix: bool, value_prefix_horizon: int,
-                 lstm_size: int, gradient_scale: str) -> UnrollOutput:
+                 lstm_size: int, gradient_scale: str,
+                 latents_reach_representation: bool = True) -> UnrollOutput:
     """MuZero's K-step unroll (half the gradient into each dynamics step) where the reward
     head is the value-prefix LSTM (of `lstm_size`, reset after every `value_prefix_horizon`
     steps, as in search) when `value_prefix`, and, with `gradient_scale == "per_step"`
     (`unroll_gradient_scale`), the gradient of every prediction past step 0 is scaled by 1/K
-    (MuZero appendix G)."""
+    (MuZero appendix G). The returned `latents` (the consistency loss's online branch) are the
+    unroll's own, or, without `latents_reach_representation`, the same dynamics steps run
+    again from a stop-gradient h(o): a loss on them then trains g but not h."""
     chex.assert_rank(actions, 2)
     num_unroll = actions.shape[1]
     step_scale = per_step_scale(gradient_scale, num_unroll)
     latent = network.apply(params, observation, method="represent")
+    root = latent
     carry = initial_carry(observation.shape[0], lstm_size)
     policies, values, rewards, latents = [], [], [], []
     has_end_head = network.muzero.terminal_head
@@ -164,6 +168,12 @@ def unroll_model(network: EfficientZeroNetwork, params: Params, observation: Arr
         rewards.append(scale_gradient(reward_logits, step_scale))
         latents.append(latent)
     rewards = [jnp.zeros_like(values[0])] + rewards
+    if not latents_reach_representation:
+        latent, latents = jax.lax.stop_gradient(root), []
+        for k in range(num_unroll):
+            _, latent = network.apply(params, latent, actions[:, k], method="dynamics")
+            latent = scale_gradient(latent, 0.5)
+            latents.append(latent)
     stack = lambda xs: jnp.stack(xs, axis=1)
     return UnrollOutput(policy_logits=stack(policies), value_logits=stack(values),
                         reward_logits=stack(rewards), latents=stack(latents),
@@ -215,6 +225,7 @@ class LearnConfig:
     value_prefix_horizon: int
     lstm_size: int
     consistency: bool
+    consistency_to_representation: bool
     td_steps_min: int
     td_age_interval: int  # 0: n = td_steps always
     augment: bool
@@ -271,7 +282,8 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
         out = unroll_model(network, params, observations[:, 0], actions,
                            value_prefix=learn.value_prefix,
                            value_prefix_horizon=learn.value_prefix_horizon,
-                           lstm_size=learn.lstm_size, gradient_scale=learn.unroll_gradient_scale)
+                           lstm_size=learn.lstm_size, gradient_scale=learn.unroll_gradient_scale,
+                           latents_reach_representation=learn.consistency_to_representation)
         per_example = jax.vmap(functools.partial(
             mz_losses.unroll_loss, support_size=base.support_size,
             value_cost=hp["value_cost"]))(out.policy_logits, out.value_logits,
