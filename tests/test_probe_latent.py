@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 import envs_jax
 from experiments import probe_latent
@@ -33,6 +34,7 @@ def test_mean_by_label_averages_each_label_and_marks_an_absent_one():
 
 
 def test_freeway_row_reads_the_chicken_at_the_start_and_as_it_moves_up():
+    pytest.importorskip("gymnax")  # an extra: pip install -e ".[gymnax]"
     env = envs_jax.make("gymnax:Freeway-MinAtar")
     state, timestep = env.reset(jax.random.PRNGKey(0))
     # MinAtar Freeway starts the chicken on the bottom row (9 of 0..9) with its move timer at
