@@ -18,7 +18,7 @@ each run:
 
 A latent the row cannot be read from leaves the value flat over the rows, so the search sees
 no reason to move up: EfficientZero's consistency loss does this on Freeway
-(docs/results.md, 2026-11-29, the last section).
+(docs/results.md, "2026-11-29, after the last").
 """
 
 from __future__ import annotations
