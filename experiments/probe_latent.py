@@ -1,5 +1,5 @@
 """Does a MuZero or EfficientZero run's representation still hold the board feature its value
-needs? On MinAtar Freeway: the chicken's row.
+needs? On a MinAtar board: where the player is (on Freeway, the chicken's row).
 
     python -m experiments.probe_latent --workdir=DIR [--samples=8192]
 
@@ -7,14 +7,16 @@ Reads the newest checkpoint of an Anakin workdir of either agent (EfficientZero'
 MuZero's network), draws --samples stored observations from each run's replay and prints, for
 each run:
 
-  decoded   the share of held-out observations (the last quarter of the draw) whose row a
-            linear read-out of the latent h(o) gets right, the read-out a ridge regression
-            onto the rows' one-hot codes fitted on the other three quarters; beside it the
+  decoded   for the player's row, and for its column where that varies (not on Freeway):
+            the share of held-out observations (the last quarter of the draw) whose row (or
+            column) a linear read-out of the latent h(o) gets right, the read-out a ridge
+            regression onto the one-hot codes fitted on the other three quarters; beside it the
             share of the most common row (what a read-out that ignores the latent gets), and
             the same read-out of the latent of a freshly initialised network of the run's
             architecture (what training added, or took away);
-  value     the mean value v(h(o)) of the drawn observations on each row, 0 (the top, where a
-            crossing scores) to 9 (the start): whether the value tells the rows apart.
+  value     the mean value v(h(o)) of the drawn observations on each of the player's rows, 0
+            (the top; on Freeway where a crossing scores) to 9 (Freeway's start): whether the
+            value tells the rows apart.
 
 A latent the row cannot be read from leaves the value flat over the rows, so the search sees
 no reason to move up: EfficientZero's consistency loss does this on Freeway
@@ -34,11 +36,11 @@ from absl import app, flags
 
 import envs_jax
 from agents.muzero.search import value_to_scalar
-from experiments.probing import freeway_row, trained_network
+from experiments.probing import player_cell, trained_network
 from podracer import checkpoint
 from podracer.types import EnvSpec
 
-FREEWAY_ROWS = 10
+BOARD = 10  # MinAtar's boards are 10 × 10
 
 
 def linear_readout(latents: np.ndarray, labels: np.ndarray, num_classes: int, *,
@@ -75,9 +77,9 @@ def main(argv):
     if agent_config.name not in ("muzero", "efficientzero"):
         raise SystemExit(f"{workdir} is a run of {agent_config.name!r}; this probe reads "
                          "MuZero's or EfficientZero's representation h.")
-    if "Freeway" not in config["env"]["name"]:
-        raise SystemExit(f"{workdir} ran {config['env']['name']!r}; the row this probe reads "
-                         "is MinAtar Freeway's chicken.")
+    if "MinAtar" not in config["env"]["name"]:
+        raise SystemExit(f"{workdir} ran {config['env']['name']!r}; this probe reads where the "
+                         "player is on a MinAtar board.")
     env = envs_jax.make(config["env"]["name"], **config["env"].get("kwargs", {}))
     env_spec = EnvSpec(observation=env.observation_spec(), action=env.action_spec())
     state, metadata = checkpoint.load_arrays(os.path.join(workdir, "checkpoints"))
@@ -104,16 +106,20 @@ def main(argv):
         pick = np.random.default_rng(r).choice(len(stored), min(samples, len(stored)),
                                                replace=False)
         observation = jnp.asarray(stored[pick])
-        rows = np.asarray(freeway_row(observation))
+        rows, columns = map(np.asarray, player_cell(observation))
         run_params = {"params": jax.tree.map(lambda x, r=r: jnp.asarray(x[0, r]), params)}
         latent, value = map(np.asarray, latent_and_value(run_params, observation))
         fresh = network.init(jax.random.PRNGKey(r), observation[:1], jnp.zeros((1,), jnp.int32))
-        fresh_latent, _ = latent_and_value(fresh, observation)
-        accuracy, majority = linear_readout(latent, rows, FREEWAY_ROWS)
-        at_init, _ = linear_readout(np.asarray(fresh_latent), rows, FREEWAY_ROWS)
-        print(f"decoded run {r}: the row from h(o) {accuracy:.3f} of the last quarter (the most "
-              f"common row {majority:.3f}; a fresh network {at_init:.3f})")
-        by_row = mean_by_label(value, rows, FREEWAY_ROWS)
+        fresh_latent = np.asarray(latent_and_value(fresh, observation)[0])
+        for name, labels in (("row", rows), ("column", columns)):
+            if np.all(labels == labels[0]):
+                continue  # Freeway's chicken keeps to one column
+            accuracy, majority = linear_readout(latent, labels, BOARD)
+            at_init, _ = linear_readout(fresh_latent, labels, BOARD)
+            print(f"decoded run {r}: the player's {name} from h(o) {accuracy:.3f} of the last "
+                  f"quarter (the most common {name} {majority:.3f}; a fresh network "
+                  f"{at_init:.3f})")
+        by_row = mean_by_label(value, rows, BOARD)
         print(f"value run {r}: v(h(o)) by row 0..9: "
               + " ".join("   -  " if np.isnan(v) else f"{v:6.3f}" for v in by_row))
 
@@ -121,7 +127,7 @@ def main(argv):
 if __name__ == "__main__":
     # Defined here, not on import, so tests can import this module beside another probe's.
     flags.DEFINE_string("workdir", None, "An Anakin workdir of a MuZero or EfficientZero run "
-                        "on MinAtar Freeway.")
+                        "on a MinAtar game.")
     flags.DEFINE_integer("samples", 8192, "Stored observations drawn from each replay.")
     flags.mark_flag_as_required("workdir")
     app.run(main)

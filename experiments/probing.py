@@ -1,5 +1,5 @@
 """What the probes (`experiments.probe_rewards`, `experiments.probe_latent`) share: the
-network of a saved run, and MinAtar Freeway's chicken row. No flags, so each probe can
+network of a saved run, and where a MinAtar board's player is. No flags, so each probe can
 import it."""
 
 from __future__ import annotations
@@ -11,9 +11,18 @@ from agents.muzero.networks import MuZeroNetwork, make_network, resolve_network
 from podracer.types import Array, EnvSpec
 
 
+def player_cell(observation: Array) -> tuple[Array, Array]:
+    """(row, column) of the player on a MinAtar board [..., 10, 10, C] (row 0 the top): the
+    one cell set in channel 0, which every gymnax MinAtar game gives the player (Asterix's
+    player, Breakout's paddle, Freeway's chicken, Seaquest's submarine, SpaceInvaders'
+    cannon); (0, 0) on a board without one."""
+    cell = jnp.argmax(observation[..., 0].reshape(observation.shape[:-3] + (-1,)), axis=-1)
+    return cell // observation.shape[-2], cell % observation.shape[-2]
+
+
 def freeway_row(observation: Array) -> Array:
-    """MinAtar Freeway's chicken row (0 top, 9 the bottom): channel 0, column 4 (gymnax)."""
-    return jnp.argmax(observation[..., :, 4, 0], axis=-1)
+    """MinAtar Freeway's chicken row (0 top, 9 the bottom; the chicken stays in column 4)."""
+    return player_cell(observation)[0]
 
 
 def trained_network(agent_config: ml_collections.ConfigDict, env_spec: EnvSpec,

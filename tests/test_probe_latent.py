@@ -1,12 +1,13 @@
-"""`experiments.probe_latent`'s read-out and per-row means, and the Freeway row it reads."""
+"""`experiments.probe_latent`'s read-out and per-row means, and the player's cell it reads."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import envs_jax
 from experiments import probe_latent
-from experiments.probing import freeway_row
+from experiments.probing import freeway_row, player_cell
 
 
 def test_a_latent_that_codes_the_label_is_read_out_and_noise_is_not():
@@ -47,3 +48,33 @@ def test_freeway_row_reads_the_chicken_at_the_start_and_as_it_moves_up():
         state, timestep = env.step(state, up)
         rows.append(int(freeway_row(timestep.observation)))
     assert rows == [9, 9, 9, 9, 8, 8, 8, 7, 7]
+
+
+def test_player_cell_finds_channel_zeros_cell_on_a_batch_of_boards():
+    boards = np.zeros((2, 3, 10, 10, 4), np.float32)
+    boards[0, 0, 3, 7, 0] = 1  # row 3, column 7
+    boards[0, 1, 9, 0, 0] = 1
+    boards[0, 2, 0, 9, 0] = 1
+    boards[1, 0, 5, 5, 0] = 1
+    boards[1, 0, 1, 1, 1:] = 1  # other channels are not the player
+    boards[1, 1, 9, 9, 0] = 1
+    rows, columns = player_cell(jnp.asarray(boards))
+    np.testing.assert_array_equal(rows, [[3, 9, 0], [5, 9, 0]])
+    np.testing.assert_array_equal(columns, [[7, 0, 9], [5, 9, 0]])  # [1, 2]: no player
+
+
+@pytest.mark.parametrize("game", ["Asterix", "Seaquest"])
+def test_player_cell_agrees_with_gymnaxs_state(game):
+    pytest.importorskip("gymnax")
+    env = envs_jax.make(f"gymnax:{game}-MinAtar")
+    state, timestep = env.reset(jax.random.PRNGKey(0))
+    key = jax.random.PRNGKey(1)
+    for _ in range(12):
+        inner = state.env_state  # gymnax's own state under the adapter's
+        x, y = (inner.player_x, inner.player_y) if game == "Asterix" else (inner.sub_x,
+                                                                            inner.sub_y)
+        row, column = player_cell(timestep.observation)
+        assert (int(row), int(column)) == (int(y), int(x))
+        key, sub = jax.random.split(key)
+        action = jax.random.randint(sub, (), 0, env.action_spec().num_values)
+        state, timestep = env.step(state, action)
