@@ -28,6 +28,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.env.name = "catch"  # any name in envs_jax.registered()
     config.env.kwargs = ml_collections.ConfigDict()  # passed to envs_jax.make
     config.env.max_episode_steps = 0  # time limit added by the runner; 0 = none
+    config.env.frame_stack = 1  # observations stacked along the last axis; 1 = none
     config.agent = None  # the experiment sets it, e.g. config.agent = vtrace.default_config()
     # 32 x 16 = 512 transitions per update: about 2,000 updates per million steps, with
     # which every shipped agent's defaults learn Catch and classic control (docs/results.md).
@@ -148,6 +149,11 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int) -> Chec
     cfg.require_positive(config, "num_envs", "rollout_length", "updates_per_chunk",
                          "total_env_steps", "agent.learning_rate")
     cfg.require_non_negative(config, "num_devices", "env.max_episode_steps", "seed")
+    frame_stack = config.env.get("frame_stack", 1)
+    if not isinstance(frame_stack, int) or isinstance(frame_stack, bool) or frame_stack < 1:
+        raise cfg.ConfigError("env.frame_stack", f"must be an integer >= 1, got {frame_stack!r}",
+                              "set --config.env.frame_stack=4 to stack the 4 newest "
+                              "observations, or 1 for none")
     cfg.validate_run_options(config)
     num_devices = config.num_devices or num_available_devices
     if num_devices > num_available_devices:
@@ -158,7 +164,8 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int) -> Chec
         )
     cfg.require_divisible(config, "num_envs", num_devices, "the number of devices")
     env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
-    env = envs_jax.wrap_for_training(env, config.env.max_episode_steps or None)
+    env = envs_jax.wrap_for_training(env, config.env.max_episode_steps or None,
+                                     frame_stack=frame_stack)
     action_spec = env.action_spec()
     agents.check_action_spec(action_spec, config.agent.name, field="env.name",
                              env_name=config.env.name)

@@ -1,8 +1,9 @@
-"""Wrappers: automatic reset, time limit, episode statistics, observation flattening and
-normalisation; all pure and jittable.
+"""Wrappers: automatic reset, time limit, episode statistics, frame stacking, observation
+flattening and normalisation; all pure and jittable.
 
 `wrap_for_training(env)` stacks them the way the runners expect:
-`AutoReset(EpisodeStatistics(TimeLimit(env)))`, the time limit optional.
+`AutoReset(EpisodeStatistics(TimeLimit(FrameStack(env))))`, the time limit and the frame
+stack optional.
 
 The transition layout they produce (the dm_env convention of `podracer.types`):
 
@@ -187,6 +188,61 @@ class FlattenObservation(Wrapper[Any]):
 
 
 @chex.dataclass(frozen=True)
+class FrameStackState:
+    env_state: Any
+    frames: Array  # [..., C * num_frames] the observation returned last
+
+
+class FrameStack(Wrapper[FrameStackState]):
+    """Concatenates the `num_frames` newest observations along their last axis, newest last
+    (the order of envpool's Atari stack and of MuZero's `frame_stack`): `[..., C]` becomes
+    `[..., C * num_frames]`, and channels `[-C:]` are the current observation. The last axis
+    is the channels of a board (MinAtar's [10, 10, C]) and the features of a vector; an
+    observation without a channel axis (Catch's [10, 5]) is stacked along its columns.
+
+    A reset fills the stack with the episode's first observation repeated, as gymnasium's and
+    envpool's stackers do; put it inside `AutoReset` (`wrap_for_training(env, frame_stack=N)`)
+    so every episode starts afresh. For a game whose state the observation leaves partly out
+    (MinAtar Freeway's chicken moves on a hidden timer; Atari's velocities) the stack shows
+    what happened over the last steps.
+    """
+
+    def __init__(self, env: Environment[Any], num_frames: int):
+        super().__init__(env)
+        if not isinstance(env.observation_spec(), ArraySpec):
+            raise TypeError("FrameStack stacks one array observation; flatten a structured "
+                             "one first (FlattenObservation).")
+        if num_frames < 1:
+            raise ValueError(f"num_frames must be >= 1, got {num_frames}.")
+        self.num_frames = num_frames
+
+    def reset(self, key: PRNGKey) -> tuple[FrameStackState, TimeStep]:
+        env_state, timestep = self.env.reset(key)
+        frames = jnp.concatenate([timestep.observation] * self.num_frames, axis=-1)
+        return FrameStackState(env_state=env_state, frames=frames), timestep.replace(
+            observation=frames)
+
+    def step(self, state: FrameStackState, action: Array) -> tuple[FrameStackState, TimeStep]:
+        env_state, timestep = self.env.step(state.env_state, action)
+        channels = timestep.observation.shape[-1]
+        frames = jnp.concatenate([state.frames[..., channels:], timestep.observation], axis=-1)
+        return FrameStackState(env_state=env_state, frames=frames), timestep.replace(
+            observation=frames)
+
+    def observation_spec(self) -> ArraySpec:
+        spec = self.env.observation_spec()
+
+        def tile(bound: Any) -> Any:
+            if bound is None or np.ndim(bound) == 0:
+                return bound
+            return np.concatenate([np.broadcast_to(bound, spec.shape)] * self.num_frames, -1)
+
+        shape = tuple(spec.shape[:-1]) + (spec.shape[-1] * self.num_frames,)
+        return ArraySpec(shape, spec.dtype, tile(spec.minimum), tile(spec.maximum),
+                         name=spec.name)
+
+
+@chex.dataclass(frozen=True)
 class NormalizeObservationState:
     env_state: Any
     count: Array  # [] float32 observations seen
@@ -242,8 +298,10 @@ class NormalizeObservation(Wrapper[NormalizeObservationState]):
         return ArraySpec(spec.shape, np.float32, -self.clip, self.clip, name=spec.name)
 
 
-def wrap_for_training(env: Environment[Any], max_episode_steps: int | None = None) -> Environment:
-    """Flattened observation (for structured ones) -> time limit (optional) -> episode
+def wrap_for_training(env: Environment[Any], max_episode_steps: int | None = None, *,
+                      frame_stack: int = 1) -> Environment:
+    """Flattened observation (for structured ones) -> frame stack (`frame_stack` > 1: the
+    newest `frame_stack` observations, `FrameStack`) -> time limit (optional) -> episode
     statistics -> automatic reset.
 
     A structured observation (a dict or other pytree of arrays, e.g. jumanji's) becomes one
@@ -253,6 +311,8 @@ def wrap_for_training(env: Environment[Any], max_episode_steps: int | None = Non
     """
     if not isinstance(env.observation_spec(), ArraySpec):
         env = FlattenObservation(env)
+    if frame_stack > 1:
+        env = FrameStack(env, frame_stack)
     if max_episode_steps is not None:
         env = TimeLimit(env, max_episode_steps)
     return AutoReset(EpisodeStatistics(env))

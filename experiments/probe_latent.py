@@ -5,7 +5,7 @@ needs? On a MinAtar board: where the player is (on Freeway, the chicken's row).
 
 Reads the newest checkpoint of an Anakin workdir of either agent (EfficientZero's h and f are
 MuZero's network), draws --samples stored observations from each run's replay and prints, for
-each run:
+each run (with `env.frame_stack`, the player is read from the newest frame):
 
   decoded   for the player's row, and for its column where that varies (not on Freeway):
             the share of held-out observations (the last quarter of the draw) whose row (or
@@ -81,6 +81,9 @@ def main(argv):
         raise SystemExit(f"{workdir} ran {config['env']['name']!r}; this probe reads where the "
                          "player is on a MinAtar board.")
     env = envs_jax.make(config["env"]["name"], **config["env"].get("kwargs", {}))
+    frame_stack = config["env"].get("frame_stack", 1)
+    if frame_stack > 1:
+        env = envs_jax.FrameStack(env, frame_stack)
     env_spec = EnvSpec(observation=env.observation_spec(), action=env.action_spec())
     state, metadata = checkpoint.load_arrays(os.path.join(workdir, "checkpoints"))
     items = state["learner_state"]["replay"]["items"]
@@ -106,7 +109,8 @@ def main(argv):
         pick = np.random.default_rng(r).choice(len(stored), min(samples, len(stored)),
                                                replace=False)
         observation = jnp.asarray(stored[pick])
-        rows, columns = map(np.asarray, player_cell(observation))
+        newest = observation[..., -(observation.shape[-1] // frame_stack):]  # channels
+        rows, columns = map(np.asarray, player_cell(newest))
         run_params = {"params": jax.tree.map(lambda x, r=r: jnp.asarray(x[0, r]), params)}
         latent, value = map(np.asarray, latent_and_value(run_params, observation))
         fresh = network.init(jax.random.PRNGKey(r), observation[:1], jnp.zeros((1,), jnp.int32))

@@ -4,6 +4,7 @@ and how a sweep's runs are read from the config."""
 import pytest
 
 import anakin
+from anakin import config as anakin_config
 from anakin.config import Run, sweep_runs
 from experiments.configs import vtrace_catch
 from podracer import replication
@@ -25,6 +26,7 @@ def _set(config, key, value):
         ({"checkpoint_keep": 0}, "checkpoint_keep", ">= 1"),
         ({"eval_max_steps": 0}, "eval_max_steps", ">= 1"),
         ({"eval_episodes": 0}, "eval_episodes", ">= 1"),
+        ({"env.frame_stack": 0}, "env.frame_stack", "integer >= 1"),
         ({"sweep.seeds": (0, -1)}, "sweep.seeds", "seeds >= 0"),
         ({"sweep.agent.hidden_sizes": ((8,), (16,))}, "sweep.agent.hidden_sizes",
          "cannot sweep"),
@@ -82,3 +84,12 @@ def test_an_environment_of_a_library_not_installed_names_the_extra(monkeypatch):
         anakin.train(config)
     assert "pip install -e '.[nolib]'" in str(info.value)
     assert registry.missing_extra("catch") is None
+
+
+def test_frame_stack_reaches_the_environment_the_agent_is_built_for():
+    config = vtrace_catch.get_config()
+    config.env.frame_stack = 3
+    checked = anakin_config.check(config, 1)
+    # Catch's [10, 5] board, three newest along its last axis.
+    assert checked.env.observation_spec().shape == (10, 15)
+    assert anakin.validate(vtrace_catch.get_config(), 1) == 1  # the default: no stack

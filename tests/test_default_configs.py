@@ -41,6 +41,7 @@ OPTIONAL = {
     "anakin": {
         **_RUN_OPTIONS, **_ALLOWED_CHANGES,
         "env.kwargs": lambda c: dict(c.env.get("kwargs", {})),  # validate, runner
+        "env.frame_stack": lambda c: c.env.get("frame_stack", 1),  # validate
         "sweep.seeds": sweep_runs,
         "sweep.agent": sweep_runs,
     },

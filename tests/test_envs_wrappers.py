@@ -123,6 +123,46 @@ def test_a_terminal_on_the_time_limit_step_stays_a_terminal():
     assert int(timesteps[3].step_type) == StepType.FIRST
 
 
+def test_frame_stack_holds_the_newest_observations_newest_last_and_refills_at_a_reset():
+    # _Counter flattened observes [t, 2t, t > 1]; episodes of 3 steps, so under the automatic
+    # reset t runs 0 1 2 3 | 0 1 2 3 | 0 ...
+    env = envs_jax.wrap_for_training(envs_jax.FlattenObservation(_Counter(end=3)),
+                                     frame_stack=3)
+    spec = env.observation_spec()
+    assert spec.shape == (9,) and spec.dtype == np.float32
+    np.testing.assert_array_equal(spec.maximum, [100, 100, 1] * 3)
+    timesteps = _steps(env, 6)
+    raw = [[t, 2 * t, float(t > 1)] for t in (0, 1, 2, 3, 0, 1, 2)]
+    # By hand: a stack starts as its first observation three times, then shifts one frame
+    # per step; the reset (step 4) starts it afresh from that episode's first observation.
+    expected = [raw[0] * 3, raw[0] * 2 + raw[1], raw[0] + raw[1] + raw[2],
+                raw[1] + raw[2] + raw[3], raw[4] * 3, raw[4] * 2 + raw[5],
+                raw[4] + raw[5] + raw[6]]
+    for i, (timestep, want) in enumerate(zip(timesteps, expected)):
+        np.testing.assert_array_equal(timestep.observation, want, err_msg=f"step {i}")
+    assert int(timesteps[3].step_type) == StepType.LAST
+    assert int(timesteps[4].step_type) == StepType.FIRST
+    # One frame is no stack: the observation is unchanged.
+    single = _steps(envs_jax.wrap_for_training(envs_jax.FlattenObservation(_Counter(end=3)),
+                                               frame_stack=1), 2)
+    np.testing.assert_array_equal(single[2].observation, raw[2])
+
+
+def test_frame_stack_stacks_boards_along_channels_and_refuses_a_structured_observation():
+    env = envs_jax.FrameStack(envs_jax.make("catch"), 2)
+    inner = envs_jax.make("catch").observation_spec()
+    assert env.observation_spec().shape == inner.shape[:-1] + (2 * inner.shape[-1],)
+    state, first = env.reset(jax.random.PRNGKey(0))
+    state, second = env.step(state, jnp.asarray(1))
+    c = inner.shape[-1]
+    # Catch's ball falls one row per step: the newest frame (last channels) differs from the
+    # oldest, which is the first observation.
+    np.testing.assert_array_equal(second.observation[..., :c], first.observation[..., c:])
+    assert not np.array_equal(second.observation[..., c:], first.observation[..., c:])
+    with pytest.raises(TypeError, match="FlattenObservation"):
+        envs_jax.FrameStack(_Counter(), 2)
+
+
 def test_make_time_limits():
     assert registry.default_max_episode_steps("CartPole-v1") == 500
     assert registry.default_max_episode_steps("catch") is None
