@@ -204,7 +204,8 @@ class FrameStack(Wrapper[FrameStackState]):
     envpool's stackers do; put it inside `AutoReset` (`wrap_for_training(env, frame_stack=N)`)
     so every episode starts afresh. For a game whose state the observation leaves partly out
     (MinAtar Freeway's chicken moves on a hidden timer; Atari's velocities) the stack shows
-    what happened over the last steps.
+    what happened over the last steps. An agent with a replay (MuZero, EfficientZero) stores
+    every stacked observation, `num_frames` times the memory of one.
     """
 
     def __init__(self, env: Environment[Any], num_frames: int):
