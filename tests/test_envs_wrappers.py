@@ -148,7 +148,7 @@ def test_frame_stack_holds_the_newest_observations_newest_last_and_refills_at_a_
     np.testing.assert_array_equal(single[2].observation, raw[2])
 
 
-def test_frame_stack_stacks_boards_along_channels_and_refuses_a_structured_observation():
+def test_frame_stack_stacks_a_board_along_its_last_axis_and_refuses_a_structured_observation():
     env = envs_jax.FrameStack(envs_jax.make("catch"), 2)
     inner = envs_jax.make("catch").observation_spec()
     assert env.observation_spec().shape == inner.shape[:-1] + (2 * inner.shape[-1],)
