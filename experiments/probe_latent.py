@@ -34,9 +34,8 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 
-import envs_jax
 from agents.muzero.search import value_to_scalar
-from experiments.probing import player_cell, trained_network
+from experiments.probing import newest_frame, player_cell, saved_env, trained_network
 from podracer import checkpoint
 from podracer.types import EnvSpec
 
@@ -80,10 +79,7 @@ def main(argv):
     if "MinAtar" not in config["env"]["name"]:
         raise SystemExit(f"{workdir} ran {config['env']['name']!r}; this probe reads where the "
                          "player is on a MinAtar board.")
-    env = envs_jax.make(config["env"]["name"], **config["env"].get("kwargs", {}))
-    frame_stack = config["env"].get("frame_stack", 1)
-    if frame_stack > 1:
-        env = envs_jax.FrameStack(env, frame_stack)
+    env, frame_stack = saved_env(config)
     env_spec = EnvSpec(observation=env.observation_spec(), action=env.action_spec())
     state, metadata = checkpoint.load_arrays(os.path.join(workdir, "checkpoints"))
     items = state["learner_state"]["replay"]["items"]
@@ -109,8 +105,7 @@ def main(argv):
         pick = np.random.default_rng(r).choice(len(stored), min(samples, len(stored)),
                                                replace=False)
         observation = jnp.asarray(stored[pick])
-        newest = observation[..., -(observation.shape[-1] // frame_stack):]  # channels
-        rows, columns = map(np.asarray, player_cell(newest))
+        rows, columns = map(np.asarray, player_cell(newest_frame(observation, frame_stack)))
         run_params = {"params": jax.tree.map(lambda x, r=r: jnp.asarray(x[0, r]), params)}
         latent, value = map(np.asarray, latent_and_value(run_params, observation))
         fresh = network.init(jax.random.PRNGKey(r), observation[:1], jnp.zeros((1,), jnp.int32))

@@ -66,6 +66,7 @@ transitions).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -76,7 +77,6 @@ import numpy as np
 import optax
 from absl import app, flags
 
-import envs_jax
 from agents.muzero import targets as tgt
 from agents.muzero.agent import search_config
 from agents.muzero.networks import make_network
@@ -88,7 +88,7 @@ from agents.muzero.search import (
     visited_q_bounds,
 )
 from envs_jax.wrappers import AutoReset
-from experiments.probing import freeway_row, trained_network
+from experiments.probing import freeway_row, newest_frame, saved_env, trained_network
 from podracer import checkpoint
 from podracer.types import Array, EnvSpec, StepType
 
@@ -240,17 +240,18 @@ def fit_reward(network, support_size: int, train: tuple, *, updates: int, batch:
     return params
 
 
-def ends_the_episode(timestep, next_timestep) -> Array:
+def ends_the_episode(timestep, next_timestep, *, frame_stack: int = 1) -> Array:
     """The terminal probe's default outcome: a true terminal (LAST with discount 0)."""
-    del timestep
+    del timestep, frame_stack
     return (next_timestep.step_type == StepType.LAST) & (next_timestep.discount == 0)
 
 
-def freeway_collision(timestep, next_timestep) -> Array:
+def freeway_collision(timestep, next_timestep, *, frame_stack: int = 1) -> Array:
     """Hit by a car: sent back to the bottom row from above it, without the crossing's
-    reward (a crossing also restarts at the bottom, with a reward of 1)."""
-    return ((freeway_row(next_timestep.observation) == 9)
-            & (freeway_row(timestep.observation) < 9) & (next_timestep.reward == 0))
+    reward (a crossing also restarts at the bottom, with a reward of 1). The rows are read
+    from the newest of `frame_stack` stacked boards."""
+    row = lambda t: freeway_row(newest_frame(t.observation, frame_stack))
+    return (row(next_timestep) == 9) & (row(timestep) < 9) & (next_timestep.reward == 0)
 
 
 OUTCOMES = {"terminal": ends_the_episode, "freeway_collision": freeway_collision}
@@ -406,7 +407,7 @@ def main(argv):
         raise SystemExit(f"{workdir} is a run of {agent_config.name!r}; this probe reads "
                          "MuZero's one-step reward (EfficientZero's with value_prefix=False; "
                          "with value prefixes it predicts sums of rewards instead).")
-    env = envs_jax.make(config["env"]["name"], **config["env"].get("kwargs", {}))
+    env, frame_stack = saved_env(config)
     env_spec = EnvSpec(observation=env.observation_spec(), action=env.action_spec())
     state, metadata = checkpoint.load_arrays(os.path.join(workdir, "checkpoints"))
     learner = state["learner_state"]
@@ -465,7 +466,8 @@ def main(argv):
         held_out = tuple(x[half:] for x in data[0])
     if _DECISIVE.value:
         observation, fatal, following = decisive_states(
-            env, jax.random.PRNGKey(0), outcome=OUTCOMES[_OUTCOME.value], with_next=True)
+            env, jax.random.PRNGKey(0), with_next=True,
+            outcome=functools.partial(OUTCOMES[_OUTCOME.value], frame_stack=frame_stack))
         observation, fatal = observation[:_DECISIVE.value], fatal[:_DECISIVE.value]
         following = jax.tree.map(lambda x: x[:_DECISIVE.value], following)
         num_actions = fatal.shape[1]

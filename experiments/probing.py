@@ -4,11 +4,32 @@ import it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 import ml_collections
 
+import envs_jax
 from agents.muzero.networks import MuZeroNetwork, make_network, resolve_network
+from envs_jax.base import Environment
 from podracer.types import Array, EnvSpec
+
+
+def saved_env(config: dict[str, Any]) -> tuple[Environment, int]:
+    """The environment a saved run (its config.json, `config`) acted in, observations
+    stacked as it ran them (`env.frame_stack`, 1 for runs made before it existed), and that
+    stack's depth."""
+    env = envs_jax.make(config["env"]["name"], **config["env"].get("kwargs", {}))
+    frame_stack = int(config["env"].get("frame_stack", 1))
+    if frame_stack > 1:
+        env = envs_jax.FrameStack(env, frame_stack)
+    return env, frame_stack
+
+
+def newest_frame(observation: Array, frame_stack: int) -> Array:
+    """The current observation's channels of a stack of `frame_stack` (newest last, as
+    `envs_jax.FrameStack` builds it)."""
+    return observation[..., observation.shape[-1] - observation.shape[-1] // frame_stack:]
 
 
 def player_cell(observation: Array) -> tuple[Array, Array]:

@@ -51,6 +51,9 @@ def test_notebook_runs_headless(name, tmp_path, monkeypatch):
     # what a notebook sees on a CPU runtime (not the 8 simulated devices of the other tests).
     monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    # The notebook's own temporary directories (made before WORKDIR is overridden) go in the
+    # test's, so that nothing is left behind.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     # Figures must come back as inline images whatever backend the calling environment (or an
     # earlier test) chose, as they do in Colab and Jupyter.
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")

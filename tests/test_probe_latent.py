@@ -7,7 +7,7 @@ import pytest
 
 import envs_jax
 from experiments import probe_latent
-from experiments.probing import freeway_row, player_cell
+from experiments.probing import freeway_row, newest_frame, player_cell, saved_env
 
 
 def test_a_latent_that_codes_the_label_is_read_out_and_noise_is_not():
@@ -61,6 +61,19 @@ def test_player_cell_finds_channel_zeros_cell_on_a_batch_of_boards():
     rows, columns = player_cell(jnp.asarray(boards))
     np.testing.assert_array_equal(rows, [[3, 9, 0], [5, 9, 0]])
     np.testing.assert_array_equal(columns, [[7, 0, 9], [5, 9, 0]])  # [1, 2]: no player
+
+
+def test_saved_env_stacks_as_the_run_did_and_newest_frame_is_the_last_channels():
+    plain, depth = saved_env({"env": {"name": "catch"}})  # a run from before frame_stack
+    assert depth == 1 and plain.observation_spec().shape == (10, 5)
+    stacked, depth = saved_env({"env": {"name": "catch", "frame_stack": 3}})
+    assert depth == 3 and stacked.observation_spec().shape == (10, 15)
+    _, timestep = stacked.step(*stacked.reset(jax.random.PRNGKey(0))[:1], jnp.int32(0))
+    np.testing.assert_array_equal(newest_frame(timestep.observation, 3),
+                                  timestep.observation[:, 10:])
+    boards = np.arange(2 * 10 * 10 * 12).reshape(2, 10, 10, 12)  # 3 boards of 4 channels
+    np.testing.assert_array_equal(newest_frame(boards, 3), boards[..., 8:])
+    np.testing.assert_array_equal(newest_frame(boards, 1), boards)
 
 
 @pytest.mark.parametrize("game", ["Asterix", "Seaquest"])

@@ -1,5 +1,7 @@
 """`experiments.probe_rewards`: the transitions it reads from replay windows, and its reward fit."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -153,6 +155,25 @@ def test_a_freeway_collision_is_a_return_to_the_bottom_without_a_reward():
     assert not bool(hit(_freeway_timestep(1), _freeway_timestep(9, reward=1.0)))  # a crossing
     assert not bool(hit(_freeway_timestep(5), _freeway_timestep(4)))  # one row up
     assert not bool(hit(_freeway_timestep(9), _freeway_timestep(9)))  # waiting at the bottom
+
+
+def _stacked(older: TimeStep, newer: TimeStep) -> TimeStep:
+    """`newer` with `older`'s board before its own on the last axis (envs_jax.FrameStack's
+    order, newest last)."""
+    return newer.replace(observation=jnp.concatenate([older.observation, newer.observation], -1))
+
+
+def test_a_freeway_collision_reads_the_newest_board_of_a_stack():
+    hit = functools.partial(probe_rewards.freeway_collision, frame_stack=2)
+    # From row 5 (the board before: row 6) to the bottom without a reward: hit.
+    assert bool(hit(_stacked(_freeway_timestep(6), _freeway_timestep(5)),
+                    _stacked(_freeway_timestep(5), _freeway_timestep(9))))
+    # From row 5 up to row 4; the boards before them were at the bottom: not hit, though the
+    # oldest boards alone would read "from row 9 to row 5".
+    assert not bool(hit(_stacked(_freeway_timestep(9), _freeway_timestep(5)),
+                        _stacked(_freeway_timestep(5), _freeway_timestep(4))))
+    assert not bool(hit(_stacked(_freeway_timestep(4), _freeway_timestep(9)),
+                        _stacked(_freeway_timestep(9), _freeway_timestep(9))))
 
 
 def test_decisive_states_follow_the_outcome_given():
