@@ -71,39 +71,85 @@ def _mix(h: jax.Array) -> jax.Array:
     return h ^ (h >> 16)
 
 
-def _as_uint32(x: jax.Array, packed: bool) -> jax.Array:
-    """The leaf's bits as 32-bit words: 8-byte values as pairs of words; narrower values one
-    per word ("device:", the first scheme) or, `packed`, 4 bytes or 2 halves to a word where
-    the size allows ("device2:": a uint8 replay buffer needs 4x fewer mixing steps)."""
+def _word_rows(x: jax.Array, packed: bool) -> tuple[jax.Array, Any]:
+    """The leaf's bits as 32-bit words, unconverted: `rows` [n, k] and `to_words`, which
+    turns any [..., k] slice of them into its [...] uint32 words (the n words in order are
+    the leaf's). 8-byte values are pairs of words; narrower values one per word ("device:",
+    the first scheme) or, `packed`, 4 bytes or 2 halves to a word where the size allows
+    ("device2:": a uint8 replay buffer needs 4x fewer mixing steps). Converting slices, not
+    the whole leaf, keeps the leaf's size of temporaries out of the digest."""
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = jax.random.key_data(x)
     if x.dtype == jnp.bool_:
         x = x.astype(jnp.uint8)
     size = x.dtype.itemsize
     if size >= 4:
-        return jax.lax.bitcast_convert_type(x, jnp.uint32).ravel()
+        return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1, 1), lambda r: r[..., 0]
     narrow = jnp.uint16 if size == 2 else jnp.uint8
     x = jax.lax.bitcast_convert_type(x, narrow).ravel()
     per_word = 4 // size
     if packed and x.size % per_word == 0 and x.size:
-        return jax.lax.bitcast_convert_type(x.reshape(-1, per_word), jnp.uint32)
-    return x.astype(jnp.uint32)
+        return x.reshape(-1, per_word), lambda r: jax.lax.bitcast_convert_type(r, jnp.uint32)
+    return x.reshape(-1, 1), lambda r: r[..., 0].astype(jnp.uint32)
 
 
 _SEEDS = (0x9E3779B9, 0x7F4A7C15)  # two independent 32-bit lanes: a 64-bit digest
+# Words mixed at a time: XLA on the CPU materialises the mixed words of one reduction (two
+# lanes, 8 bytes a word) before summing them, so a leaf is digested in slices of at most
+# this many words (32 MiB of temporaries), not all at once (a uint8 replay's three times).
+_DIGEST_BLOCK_WORDS = 1 << 22
+
+
+def _lanes(words: jax.Array, position: jax.Array) -> jax.Array:
+    """[2] uint32: the two lanes' sums of the position-mixed words (any shape, same shape
+    `position`, each word's index in the leaf)."""
+    seeds = jnp.asarray(_SEEDS, jnp.uint32)
+    mixed = _mix(words.ravel()[:, None] ^ _mix(position.ravel()[:, None] + seeds))
+    return jnp.sum(mixed, axis=0, dtype=jnp.uint32)
+
+
+def _digest_slices(leaf: jax.Array, n: int) -> tuple[int, int]:
+    """(steps, lead): a leaf of `n` words is digested in `steps` loop steps of at most about
+    `_DIGEST_BLOCK_WORDS` words, each step one contiguous stretch of each of `lead` rows.
+    Where a count near the least divides the words of each leading index, the rows are the
+    leaf's leading indices (a leaf sharded on its leading axis is then read where each device
+    holds it) and no word is left over; else one row (`lead` 1) of the least count's whole
+    slices, the words after them digested apart (at the cost of one copy of the rest)."""
+    least = -(-n // _DIGEST_BLOCK_WORDS)
+    if least <= 1:
+        return 1, 1
+    per_row = n // leaf.shape[0] if leaf.ndim and n % leaf.shape[0] == 0 else n
+    for steps in range(least, min(per_row, 4 * least) + 1):
+        if per_row % steps == 0:
+            return steps, n // per_row
+    return least, 1
 
 
 def _digest_leaves(leaves: list[jax.Array], packed: bool = True) -> jax.Array:
-    seeds = jnp.asarray(_SEEDS, jnp.uint32)
     total = jnp.zeros((len(_SEEDS),), jnp.uint32)
     for i, leaf in enumerate(leaves):
-        bits = _as_uint32(leaf, packed)[:, None]
-        position = jnp.arange(bits.shape[0], dtype=jnp.uint32)[:, None]
+        rows, to_words = _word_rows(leaf, packed)
+        n = rows.shape[0]
         # Position-dependent mixing, so that moved or swapped values change the digest. The
         # wrapping uint32 sum is exact: the digest does not depend on how XLA orders the
-        # reduction or how the arrays are sharded. One fused reduction per leaf, so nothing
-        # as large as the leaf is materialised.
-        lanes = jnp.sum(_mix(bits ^ _mix(position + seeds)), axis=0, dtype=jnp.uint32)
+        # reduction, how the words are sliced, or how the arrays are sharded.
+        steps, lead = _digest_slices(leaf, n)
+        main = n // steps * steps
+        chunk = main // (lead * steps)
+        lanes = jnp.zeros((len(_SEEDS),), jnp.uint32)
+        if main:
+            grid = (rows if main == n else rows[:main]).reshape(lead, steps, chunk, -1)
+            start = (jnp.arange(lead, dtype=jnp.uint32)[:, None] * jnp.uint32(steps * chunk)
+                     + jnp.arange(chunk, dtype=jnp.uint32))  # [lead, chunk] at step 0
+
+            def stretch(j, acc, grid=grid, start=start, to_words=to_words, chunk=chunk):
+                words = to_words(jax.lax.dynamic_index_in_dim(grid, j, 1, keepdims=False))
+                return acc + _lanes(words, start + j.astype(jnp.uint32) * jnp.uint32(chunk))
+
+            lanes = jax.lax.fori_loop(0, steps, stretch, lanes)
+        if main < n:
+            lanes = lanes + _lanes(to_words(rows[main:]),
+                                   jnp.arange(main, n, dtype=jnp.uint32))
         # The leaf's place, shape and dtype, so that equal bits in another layout differ.
         layout = zlib.crc32(f"{i}:{leaf.shape}:{leaf.dtype}".encode())
         total = total + _mix(lanes ^ jnp.uint32(layout))

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import garble_arrays
+from jax.sharding import NamedSharding, PartitionSpec
 
-from podracer import replication
+from podracer import checkpoint, replication
 from podracer.checkpoint import (
     Checkpointer,
     Preemption,
@@ -186,6 +187,46 @@ def test_the_first_device_scheme_is_unchanged():
             "u": jnp.arange(7, dtype=jnp.uint8), "s": jnp.arange(3, dtype=jnp.int16),
             "k": jax.random.PRNGKey(3)}
     assert fingerprint(tree, scheme="device:") == "device:51193f596ea4cb58"
+
+
+def _odd_tree():
+    """Leaves of every kind the digest converts, sized so that words are left over after
+    whole slices, and a [2, ...] uint8 board replay."""
+    return {"a": jnp.arange(1001, dtype=jnp.float32) / 7, "b": jnp.arange(37, dtype=jnp.int32),
+            "c": jnp.arange(105).reshape(3, 5, 7) % 3 == 0, "h": jnp.ones((3,), jnp.bfloat16),
+            "u": (jnp.arange(4099) * 37 % 256).astype(jnp.uint8),
+            "r": (jnp.arange(2 * 6 * 10 * 10 * 4) % 251).astype(jnp.uint8).reshape(2, 6, 10, 10, 4),
+            "s": jnp.arange(5, dtype=jnp.int16), "k": jax.random.PRNGKey(3),
+            "e": jnp.zeros((0,), jnp.float32)}
+
+
+@pytest.mark.parametrize("block_words", [1, 3, 7, 64, None])
+def test_device_digests_are_unchanged_by_digesting_in_slices(monkeypatch, block_words):
+    # Saved checkpoints carry fingerprints of the whole-leaf digest, which must still verify
+    # whatever slices a leaf is digested in. The values below were computed with the
+    # implementation of commit 137be75, which mixed each leaf's words all at once.
+    if block_words is not None:
+        monkeypatch.setattr(checkpoint, "_DIGEST_BLOCK_WORDS", block_words)
+    digest = jax.jit(checkpoint._digest_leaves, static_argnums=1)  # traced afresh
+    leaves = jax.tree.leaves(_odd_tree())
+    assert checkpoint._digest_hex(digest(leaves, True)) == "device2:4d46be731a585017"
+    assert (checkpoint._digest_hex(digest(leaves, False), "device:")
+            == "device:2a8531ad2844fe88")
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_the_digest_of_a_large_leaf_holds_no_copy_of_it(mesh, sharded):
+    # A 512 MiB uint8 replay: the digest's compiled program needs a fixed few tens of MiB of
+    # temporaries (slices of words), not the leaf's size or three times it (the whole leaf's
+    # words mixed at once), and reads a leaf sharded on its leading axis where each device
+    # holds it (no all-gather). Compiled only: nothing that large is allocated.
+    shape = (2, 4096, 26, 10, 10, 24) if sharded else (512 << 20,)
+    sharding = NamedSharding(mesh, PartitionSpec(replication.DEVICE_AXIS)) if sharded else None
+    leaf = jax.ShapeDtypeStruct(shape, jnp.uint8, sharding=sharding)
+    compiled = jax.jit(checkpoint._digest_leaves, static_argnums=1).lower([leaf], True).compile()
+    per_device = np.prod(shape) // (2 if sharded else 1)
+    assert compiled.memory_analysis().temp_size_in_bytes < per_device / 4
+    assert "all-gather" not in compiled.as_text()
 
 
 def test_a_checkpoint_with_a_first_scheme_fingerprint_verifies(tmp_path, mesh):

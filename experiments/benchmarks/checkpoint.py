@@ -10,7 +10,10 @@ parameter tree, on one device. Two ways to save it asynchronously, timed alterna
                the device; a writer thread does the rest
 For each: the seconds the caller was held ("blocked") and the seconds until the step is on disk.
 Then the device fingerprint alone in its two schemes ("device:" one value per 32-bit word,
-"device2:" narrow values packed into words).
+"device2:" narrow values packed into words), and the memory a save needs beyond the state:
+the temporaries of the compiled fingerprint, digesting each leaf in slices (now) against
+mixing all of a leaf's words at once (what it did before, the reference), and the peak
+resident memory of the process while the device save runs, over the state's size.
 For a fair "blocked" figure the state is being computed when save is called: a jitted update
 of the whole buffer is dispatched just before, as a training step would be.
 
@@ -22,13 +25,16 @@ from __future__ import annotations
 import os
 import platform
 import tempfile
+import threading
 import time
+import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
+from podracer import checkpoint
 from podracer.checkpoint import Checkpointer, fingerprint
 
 _MB = flags.DEFINE_integer("mb", 256, "Size of the replay-like array, in MB.")
@@ -55,6 +61,48 @@ def _host_hash(directory: str, state) -> tuple[float, float]:
     manager.wait_until_finished()
     manager.close()
     return blocked, time.perf_counter() - start
+
+
+def _whole_leaf_digest(leaves: list[jax.Array]) -> jax.Array:
+    """The "device2:" digest as it was before slicing: every word of a leaf mixed at once
+    (the same value; kept here as the reference for its memory)."""
+    seeds = jnp.asarray(checkpoint._SEEDS, jnp.uint32)
+    total = jnp.zeros((2,), jnp.uint32)
+    for i, leaf in enumerate(leaves):
+        rows, to_words = checkpoint._word_rows(leaf, True)
+        bits = to_words(rows)[:, None]
+        position = jnp.arange(bits.shape[0], dtype=jnp.uint32)[:, None]
+        lanes = jnp.sum(checkpoint._mix(bits ^ checkpoint._mix(position + seeds)), axis=0,
+                        dtype=jnp.uint32)
+        layout = zlib.crc32(f"{i}:{leaf.shape}:{leaf.dtype}".encode())
+        total = total + checkpoint._mix(lanes ^ jnp.uint32(layout))
+    return total
+
+
+def _temporaries_mb(fn, leaves) -> float:
+    return jax.jit(fn).lower(leaves).compile().memory_analysis().temp_size_in_bytes / 2**20
+
+
+class _PeakResident:
+    """The process's peak resident memory (MB) while entered, sampled every millisecond."""
+
+    def __enter__(self):
+        self.peak, self._stop = 0.0, threading.Event()
+
+        def sample():
+            page = os.sysconf("SC_PAGE_SIZE")
+            while not self._stop.is_set():
+                with open("/proc/self/statm") as f:
+                    self.peak = max(self.peak, int(f.read().split()[1]) * page / 2**20)
+                time.sleep(0.001)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
 
 
 def _device(directory: str, state) -> tuple[float, float]:
@@ -99,6 +147,20 @@ def main(argv):
             best = min(best, time.perf_counter() - start)
         print(f"fingerprint {scheme} of the state alone: best {best:.3f}s "
               f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    leaves = jax.tree.leaves(state)
+    digests = {"sliced (now)": checkpoint._digest_leaves, "whole leaf (before)": _whole_leaf_digest}
+    assert len({checkpoint._digest_hex(jax.jit(f)(leaves)) for f in digests.values()}) == 1
+    print("fingerprint temporaries (compiled): " + ", ".join(
+        f"{name} {_temporaries_mb(f, leaves):.1f} MB" for name, f in digests.items()), flush=True)
+    if os.path.exists("/proc/self/statm"):
+        with tempfile.TemporaryDirectory() as root:
+            jax.block_until_ready(state)
+            with _PeakResident() as before:
+                time.sleep(0.05)
+            with _PeakResident() as during:
+                _device(os.path.join(root, "peak"), state)
+        print(f"device save: peak resident memory {during.peak - before.peak:.0f} MB above the "
+              f"{before.peak:.0f} MB before it, for a {_MB.value} MB state", flush=True)
     print("\n| save | caller blocked (median s) | until on disk (median s) |\n|---|---:|---:|")
     for name, values in results.items():
         print(f"| {name} | {np.median([v[0] for v in values]):.3f} | "
