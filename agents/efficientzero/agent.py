@@ -70,9 +70,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.consistency_norm = "batch"
     # True (the reference): the loss's gradient reaches h through g's unroll from h(o_0).
     # False: g is unrolled again from a stop-gradient h(o_0) for the loss, which then trains
-    # g and the heads but not h. On MinAtar Freeway, where rewards are rare and the chicken
-    # moves on a hidden timer, the loss alone shapes h and the chicken's row can no longer be
-    # read from it (docs/results.md, 2026-11-29, after the last).
+    # g and the heads but not h. On MinAtar Freeway, where rewards are rare, the loss alone
+    # shapes h and the chicken's row can no longer be read from it, also with 4 boards
+    # stacked (docs/results.md, 2026-11-29, after the last, and night).
     c.consistency_to_representation = True
     # Off-policy correction: n = clip(td_steps - floor(age / td_age_interval), td_steps_min,
     # td_steps), age in environment steps since the data was stored (Atari 100k: 5, 1,
