@@ -96,7 +96,7 @@ def _word_rows(x: jax.Array, packed: bool) -> tuple[jax.Array, Any]:
 _SEEDS = (0x9E3779B9, 0x7F4A7C15)  # two independent 32-bit lanes: a 64-bit digest
 # Words mixed at a time: XLA on the CPU materialises the mixed words of one reduction (two
 # lanes, 8 bytes a word) before summing them, so a leaf is digested in slices of at most
-# this many words (32 MiB of temporaries), not all at once (a uint8 replay's three times).
+# this many words (about 64 MiB of temporaries), not all at once (three times a uint8 replay).
 _DIGEST_BLOCK_WORDS = 1 << 22
 
 
