@@ -275,10 +275,11 @@ def _trajectory(spec, t, b, key):
     ({"td_age_interval": 8, "refresh_interval": 1, "refresh_batch": 3,
       "optimizer": "clipped_lars", "learning_rate": 0.1, "search": "gumbel",
       "value_prefix_norm": False, "consistency_norm": "layer", "reanalyse_value": "root",
-      "consistency_to_representation": False},
+      "consistency_to_representation": False, "consistency_warmup_updates": 4},
      SPEC),
     ({"network": "ez_resnet", "augment": True, "reanalyse_fraction": 0.0}, IMAGE_SPEC),
-], ids=["defaults", "all-off", "age-refresh-lars-gumbel-prefix-without-norm-layernorm-root",
+], ids=["defaults", "all-off",
+         "age-refresh-lars-gumbel-prefix-without-norm-layernorm-root-warmup",
         "ez_resnet-augment"])
 def test_every_ablation_switch_builds_acts_and_learns_finitely(changes, spec):
     config = small_config(**changes)
@@ -338,6 +339,8 @@ def test_bad_efficientzero_fields_fail_naming_the_field():
     from podracer.config import ConfigError
     for changes, field in [({"td_steps_min": 0}, "agent.td_steps_min"),
                            ({"td_age_interval": -1}, "agent.td_age_interval"),
+                           ({"consistency_warmup_updates": -1},
+                            "agent.consistency_warmup_updates"),
                            ({"value_prefix_horizon": 0}, "agent.value_prefix_horizon"),
                            ({"optimizer": "sgd"}, "agent.optimizer"),
                            ({"consistency_norm": "group"}, "agent.consistency_norm"),
@@ -586,6 +589,46 @@ def test_consistency_to_representation_decides_whether_the_loss_trains_h(reach):
     largest = lambda tree: max(float(jnp.abs(g).max()) for g in jax.tree.leaves(tree))
     assert largest(grads["dyn_net"]) > 0
     assert (largest(grads["repr_net"]) > 0) == reach
+
+
+def test_consistency_warmup_weighs_the_loss_by_the_share_of_the_warmup_done():
+    # With a warm-up of W updates the consistency cost c is c * min(u / W, 1) at update u:
+    # an update at u = 0 must move the parameters as cost 0 does, at u = W/2 as cost c/2,
+    # and at u >= W as cost c, each against the program without warm-up (a different
+    # program, so to a tolerance). The sampled positions and the parameters are the same in
+    # each pair; the cost is a traced hyperparameter, so each program compiles once.
+    trajectory = _trajectory(SPEC, 4, 4, jax.random.key(1))
+    cost, warmup = 2.0, 8
+
+    def program(warmup_updates):
+        agent = agents.make(small_config(reanalyse_fraction=0.0, consistency_cost=cost,
+                                         consistency_warmup_updates=warmup_updates), SPEC)
+        step = jax.jit(functools.partial(agent.learner_step, axis_name=None))
+
+        def update_from(updates, consistency_cost):
+            state = agent.init(jax.random.key(0), SPEC).replace(updates=jnp.int32(updates))
+            state = agent.set_hparams(state, {"consistency_cost": consistency_cost})
+            for i in range(2):  # the first trajectory waits (see the test above); one update
+                state, metrics = step(state, trajectory, jax.random.key(10 + i))
+            assert int(state.updates) == updates + 1
+            return state.params, float(metrics["consistency_loss"])
+        return update_from
+
+    warm, plain = program(warmup), program(0)
+    close = lambda a, b: all(np.allclose(x, y, rtol=1e-4, atol=1e-6)
+                             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    for updates, plain_cost in [(0, 0.0), (4, 1.0), (8, 2.0), (20, 2.0)]:
+        warm_params, warm_loss = warm(updates, cost)
+        plain_params, plain_loss = plain(updates, plain_cost)
+        assert abs(warm_loss) > 0.1  # the loss itself is computed, whatever its weight
+        np.testing.assert_allclose(warm_loss, plain_loss, rtol=1e-5)
+        assert close(warm_params, plain_params), (updates, plain_cost)
+        # ...and its weight matters: the same update with another cost moves them elsewhere.
+        assert not close(warm_params, plain(updates, plain_cost + 1.0)[0]), updates
+    np.testing.assert_allclose(
+        [float(ez.consistency_weight(jnp.float32(cost), jnp.int32(u), warmup))
+         for u in (0, 2, 8, 100)], [0.0, 0.5, 2.0, 2.0])
+    assert ez.consistency_weight(cost, jnp.int32(0), 0) == cost
 
 
 def test_the_default_acting_temperature_falls_within_a_1m_step_run():

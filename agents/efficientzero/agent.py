@@ -74,6 +74,9 @@ def default_config() -> ml_collections.ConfigDict:
     # shapes h and the chicken's row can no longer be read from it, also with 4 boards
     # stacked (docs/results.md, 2026-11-29, after the last, and night).
     c.consistency_to_representation = True
+    # Learner updates over which the cost rises linearly from 0 to consistency_cost
+    # (0: the full cost from the first update; the reference has no warm-up).
+    c.consistency_warmup_updates = 0
     # Off-policy correction: n = clip(td_steps - floor(age / td_age_interval), td_steps_min,
     # td_steps), age in environment steps since the data was stored (Atari 100k: 5, 1,
     # 30,000). 0 turns it off (n = td_steps always).
@@ -169,6 +172,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if config.value_prefix and config.value_prefix_horizon < 1:
         raise ConfigError("agent.value_prefix_horizon", f"is {config.value_prefix_horizon}",
                           "use at least 1 (the paper: 5)")
+    if config.consistency_warmup_updates < 0:
+        raise ConfigError("agent.consistency_warmup_updates",
+                          f"is {config.consistency_warmup_updates}",
+                          "use 0 (off) or a number of learner updates")
     if config.td_age_interval < 0:
         raise ConfigError("agent.td_age_interval", f"is {config.td_age_interval}",
                           "use 0 (off) or a number of environment steps (the paper: 30000)")
@@ -190,6 +197,7 @@ def learn_config(config: ml_collections.ConfigDict) -> learning.LearnConfig:
         value_prefix_horizon=config.value_prefix_horizon, lstm_size=config.lstm_size,
         consistency=config.consistency,
         consistency_to_representation=config.consistency_to_representation,
+        consistency_warmup_updates=config.consistency_warmup_updates,
         td_steps_min=config.td_steps_min,
         td_age_interval=config.td_age_interval, augment=config.augment,
         augment_shift=config.augment_shift, augment_intensity=config.augment_intensity,

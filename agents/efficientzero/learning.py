@@ -8,6 +8,7 @@
                            and the dynamics latents the consistency loss needs
     consistency_loss       SimSiam: -cos(predictor(projector(g's latent)),
                            stop_gradient(projector(h(o_{t+k}))))
+    consistency_weight     the loss's cost, raised linearly from 0 over a warm-up
     learner_update         MuZero's sampling, targets (Reanalyse through EfficientZero's search)
                            and gradient step, with the three losses added
     refresh_priorities     Priority Refresh (SpeedyZero): every stored position's |v - z|
@@ -208,6 +209,15 @@ def consistency_loss(network: EfficientZeroNetwork, params: Params, latents: Arr
     return -jnp.sum(mask * cosine, axis=1)
 
 
+def consistency_weight(cost: Array, updates: Array, warmup_updates: int) -> Array:
+    """The consistency loss's weight after `updates` learner updates: `cost` times
+    min(updates / warmup_updates, 1), so 0 at the first update; `cost` throughout when
+    `warmup_updates` is 0."""
+    if warmup_updates <= 0:
+        return cost
+    return cost * jnp.minimum(updates.astype(jnp.float32) / warmup_updates, 1.0)
+
+
 def same_episode(step_types: Array, num_unroll: int) -> Array:
     """[S, K] 1.0 where o_k (k = 1..K) follows o_0 with no episode end before it."""
     last = (step_types[:, :num_unroll] == StepType.LAST).astype(jnp.int32)
@@ -226,6 +236,7 @@ class LearnConfig:
     lstm_size: int
     consistency: bool
     consistency_to_representation: bool
+    consistency_warmup_updates: int  # 0: the full cost from the first update
     td_steps_min: int
     td_age_interval: int  # 0: n = td_steps always
     augment: bool
@@ -250,6 +261,8 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
     base = learn.muzero  # MuZero's settings
     sample_key, reanalyse_key, augment_key = jax.random.split(key, 3)
     hp = state.hparams
+    cost = consistency_weight(hp["consistency_cost"], state.updates,
+                              learn.consistency_warmup_updates)
     k = base.unroll_steps
     sample = mz.sample_positions(replay, state, sample_key, batch_size=base.batch_size,
                                  importance_anneal_updates=base.importance_anneal_updates)
@@ -293,7 +306,7 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
         if learn.consistency and k:
             consistency = consistency_loss(network, params, out.latents, observations[:, 1:],
                                            mask, step_scale=step_scale) / (k + 1)
-        total = per_example.loss + hp["consistency_cost"] * consistency
+        total = per_example.loss + cost * consistency
         value = value_to_scalar(out.value_logits[:, 0], base.support_size)
         return jnp.mean(sample.weights * total), (jnp.abs(value - targets.value[:, 0]),
                                                   per_example, consistency)
@@ -304,8 +317,7 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
                                    target_update_interval=base.target_update_interval,
                                    axis_name=axis_name)
     metrics = {
-        "loss": jnp.mean(sample.weights * (per_example.loss
-                                           + hp["consistency_cost"] * consistency)),
+        "loss": jnp.mean(sample.weights * (per_example.loss + cost * consistency)),
         "value_loss": jnp.mean(per_example.value_loss) / (k + 1),
         "policy_loss": jnp.mean(per_example.policy_loss) / (k + 1),
         "reward_loss": jnp.mean(per_example.reward_loss) / max(k, 1),
