@@ -241,7 +241,8 @@ def fit_reward(network, support_size: int, train: tuple, *, updates: int, batch:
 
 
 def ends_the_episode(timestep, next_timestep, *, frame_stack: int = 1) -> Array:
-    """The terminal probe's default outcome: a true terminal (LAST with discount 0)."""
+    """The terminal probe's default outcome: a true terminal (LAST with discount 0).
+    `frame_stack` is unused: every outcome in `OUTCOMES` takes it."""
     del timestep, frame_stack
     return (next_timestep.step_type == StepType.LAST) & (next_timestep.discount == 0)
 
