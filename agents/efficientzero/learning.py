@@ -215,7 +215,7 @@ def consistency_weight(cost: Array, updates: Array, warmup_updates: int) -> Arra
     `warmup_updates` is 0."""
     if warmup_updates <= 0:
         return cost
-    return cost * jnp.minimum(updates.astype(jnp.float32) / warmup_updates, 1.0)
+    return cost * mz.ramp_fraction(updates, warmup_updates)
 
 
 def same_episode(step_types: Array, num_unroll: int) -> Array:

@@ -209,13 +209,18 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
     return jax.lax.stop_gradient(targets)
 
 
+def ramp_fraction(updates: Array, over_updates: int) -> Array:
+    """min(updates / over_updates, 1): the share done of a linear ramp over `over_updates`
+    learner updates (`over_updates` > 0)."""
+    return jnp.minimum(updates.astype(jnp.float32) / over_updates, 1.0)
+
+
 def importance_exponent(beta0: Array, updates: Array, anneal_updates: int) -> Array:
     """beta annealed linearly from beta0 to 1 over `anneal_updates` (0: constant beta0), as
     in prioritised replay (Schaul et al., 2016)."""
     if anneal_updates <= 0:
         return beta0
-    fraction = jnp.minimum(updates.astype(jnp.float32) / anneal_updates, 1.0)
-    return beta0 + (1.0 - beta0) * fraction
+    return beta0 + (1.0 - beta0) * ramp_fraction(updates, anneal_updates)
 
 
 def sample_positions(replay: pr.PositionReplay, state: LearnerState, key: PRNGKey, *,
