@@ -76,7 +76,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.consistency_to_representation = True
     # Learner updates over which the cost rises linearly from 0 to consistency_cost
     # (0: the full cost from the first update; the reference has no warm-up). 4,000 learns
-    # MinAtar Freeway in every seed and is level on Breakout (docs/results.md, 2026-11-29, late).
+    # MinAtar Freeway in every seed and holds or gains on the other seven environments
+    # (docs/results.md, 2026-11-29, late and end).
     c.consistency_warmup_updates = 0
     # Off-policy correction: n = clip(td_steps - floor(age / td_age_interval), td_steps_min,
     # td_steps), age in environment steps since the data was stored (Atari 100k: 5, 1,
