@@ -60,6 +60,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.reanalyse_fraction = 1.0
     config.agent.past_end_targets = "masked"  # the reference's; the default is MuZero's
     config.agent.terminal_head = False  # the reference has none
+    config.agent.consistency_warmup_updates = 0  # nor a warm-up of the consistency cost
     config.agent.refresh_interval = 1_000
     config.eval_every_updates = 250  # at the end: 250 updates of 400 steps
     config.eval_episodes = 32

@@ -17,4 +17,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.rollout_length = config.get_ref("rollout_length")
     config.agent.projection_hidden = 64
     config.agent.projection_size = 64
+    # The full consistency cost from the first update: the run's 500 updates would end inside
+    # the default warm-up (4,000).
+    config.agent.consistency_warmup_updates = 0
     return config

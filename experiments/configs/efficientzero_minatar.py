@@ -24,4 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
     # temperature is carried).
     config.agent.q_transform = "parent_and_siblings"
     config.agent.unvisited_q = "min"
+    # The default warm-up in environment steps: the full consistency cost from 512K steps
+    # (4,000 updates of 128 steps at Anakin's default batch; here 320 steps per update).
+    config.agent.consistency_warmup_updates = 1_600
     return config
