@@ -1026,6 +1026,7 @@ def test_the_terminal_head_learns_where_catch_ends():
     terminal head, trained on Catch, should say so (the environment's rule, not the code's)."""
     config = muzero_catch.get_config()
     config.agent.terminal_head = True
+    config.num_devices = 2  # as the learning test above: a quarter of the learner work of 8
     config.total_env_steps = 16_000
     result = anakin.train(config)
     params = replication.local_slices(result.state.learner_state.params)[0]
