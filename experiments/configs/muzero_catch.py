@@ -38,10 +38,11 @@ def get_config() -> ml_collections.ConfigDict:
     # EfficientZero config built from this one from stalling at a training return of 0.8
     # (docs/efficientzero.md), where its own default masks them as its reference does.
     config.agent.past_end_targets = "absorbing"
-    # mctx's Q normalisation and no terminal head, which this config's recorded results were
-    # measured with (MuZero's defaults: the tree's min-max, "tree_min_max", and since
-    # 2026-11-28 a terminal head).
+    # mctx's Q normalisation and unvisited-child Q, and no terminal head, which this config's
+    # recorded results were measured with (MuZero's defaults: the tree's min-max,
+    # "tree_min_max"; since 2026-12-01 the parent's mean Q; since 2026-11-28 a terminal head).
     config.agent.q_transform, config.agent.terminal_head = "parent_and_siblings", False
+    config.agent.unvisited_q = "min"
     config.updates_per_chunk = 25
     config.total_env_steps = 64_000
     config.checkpoint_every_updates = 200  # with a --workdir; 200 updates here, 1,600 in MinAtar
