@@ -19,8 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.num_simulations = 8
     config.agent.search = "muzero"  # PUCT with Dirichlet noise; "gumbel" also learns Catch
     config.agent.hidden_sizes, config.agent.latent_size = (128,), 128
-    config.agent.learning_rate = 3e-3
-    config.agent.value_cost = 1.0
+    config.agent.learning_rate, config.agent.value_cost = 3e-3, 1.0
     config.agent.batch_size = 256  # positions per update, per device
     config.agent.updates_per_step = 6  # 6 x 256 positions sampled per 320 inserted
     config.agent.priority_exponent = 0.0  # alpha; 0.6 (prioritised) also learns, a little slower
