@@ -78,6 +78,35 @@ def test_the_unroll_loss_reads_the_bins_from_the_logits():
     assert float(out.terminal_loss) == 0.0  # no terminal head: no such term
 
 
+def test_latent_normalisation_and_its_jacobian_match_a_hand_derivation():
+    # Example 0, x = (3, 1, 2, 5): min 1 at entry 1, max 5 at entry 3, R = 4, so
+    # y = (x - 1) / 4 and dy_i/dx_j = (d_ij - d_j1) / R - (x_i - 1)(d_j3 - d_j1) / R^2.
+    # Example 1 is constant: R = 0 < the floor 1e-5, y = 0, and the minimum's gradient is
+    # shared by the four tied entries (JAX's rule for `min`): dy_i/dx_j = (d_ij - 1/4) /
+    # 1e-5. No gradient crosses examples.
+    x = np.array([[3.0, 1.0, 2.0, 5.0], [0.5, 0.5, 0.5, 0.5]], np.float32)
+    e = np.eye(4)
+    expected_y = np.stack([(x[0] - 1) / 4, np.zeros(4)])
+    expected_jacobian = np.zeros((2, 4, 2, 4))
+    expected_jacobian[0, :, 0] = (e - e[1]) / 4 - np.outer(x[0] - 1, e[3] - e[1]) / 16
+    expected_jacobian[1, :, 1] = (e - 0.25) / 1e-5
+    np.testing.assert_allclose(muzero.normalise_latent(jnp.asarray(x)), expected_y, atol=1e-7)
+    np.testing.assert_allclose(jax.jacobian(muzero.normalise_latent)(jnp.asarray(x)),
+                               expected_jacobian, rtol=1e-5, atol=1e-6)
+
+
+def test_an_extreme_no_entry_matches_gets_a_zero_tangent_not_nan():
+    """Where XLA computes the latent twice with different rounding, the minimum or maximum
+    taken from one copy may equal no entry of the other: JAX's rule for `max` then divides
+    0 by 0 and the whole gradient is NaN. The guarded rule gives that row 0 and leaves the
+    other rows as JAX's rule does: the mean tangent over the entries equal to the extreme."""
+    x = jnp.array([[1.0, 4.0, 4.0, 2.0], [1.0, 4.0, 4.0, 2.0]])
+    dx = jnp.array([[1.0, 2.0, 6.0, 8.0], [1.0, 2.0, 6.0, 8.0]])
+    extreme = jnp.array([[4.0], [4.0000005]])  # row 1: rounded differently, matching nothing
+    tangent = muzero_networks.extreme_tangent(x, extreme, dx)
+    np.testing.assert_array_equal(tangent, [[4.0], [0.0]])  # (2 + 6) / 2, and 0
+
+
 def test_the_terminal_head_loss_is_the_logistic_loss_where_the_reward_is_trained():
     # Steps 1..3 trained (the reward mask), the episode ended at step 2. Logits 2, -1, 3 at
     # steps 1..3 against targets 0, 1, 1: log(1 + e^2) + log(1 + e^1) + log(1 + e^-3);

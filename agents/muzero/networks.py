@@ -30,12 +30,45 @@ def _as_float(x: Array) -> Array:
     return x.astype(jnp.float32)
 
 
+def extreme_tangent(x: Array, extreme: Array, dx: Array) -> Array:
+    """[B, 1] the tangent of each row's minimum or maximum `extreme` ([B, 1]) of `x` ([B, N])
+    along `dx`: the mean of `dx` over the entries equal to it (JAX's own rule), and 0 where
+    no entry is equal to it.
+
+    JAX's rule divides by that count unguarded. XLA may compute `x` for the comparison in
+    another fusion than the one that took the extreme, with other rounding; then no entry
+    matches, and 0 / 0 makes the whole gradient NaN. A MuZero Catch run on this CPU at XLA's
+    `--xla_backend_optimization_level=0` went NaN at its third learner update that way, and
+    JAX users report the same failure of `max`'s gradient on GPU."""
+    at = (x == extreme).astype(dx.dtype)
+    return jnp.sum(dx * at, axis=1, keepdims=True) / jnp.maximum(
+        jnp.sum(at, axis=1, keepdims=True), 1.0)
+
+
+@jax.custom_jvp
+def _row_extremes(x: Array) -> tuple[Array, Array]:
+    """([B, 1], [B, 1]) each row's minimum and maximum, with `extreme_tangent`'s gradient."""
+    return x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
+
+
+@_row_extremes.defjvp
+def _row_extremes_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    low, high = _row_extremes(x)
+    return (low, high), (extreme_tangent(x, low, dx), extreme_tangent(x, high, dx))
+
+
 def normalise_latent(x: Array) -> Array:
-    """Scales each example's latent to [0, 1] (MuZero appendix G)."""
-    axes = tuple(range(1, x.ndim))
-    low = x.min(axis=axes, keepdims=True)
-    high = x.max(axis=axes, keepdims=True)
-    return (x - low) / jnp.maximum(high - low, 1e-5)
+    """Scales each example's latent to [0, 1] (MuZero appendix G): (x - min) / max(max - min,
+    1e-5) per example, with JAX's gradient, except that the gradient of the minimum and
+    maximum is guarded against a count of 0 (`extreme_tangent`) and the floor is a `where`
+    (the gradient of `jnp.maximum` also tests its operands for equality with the result)."""
+    flat = x.reshape(x.shape[0], -1)
+    low, high = _row_extremes(flat)
+    spread = high - low
+    spread = jnp.where(spread > 1e-5, spread, 1e-5)
+    per_example = (x.shape[0],) + (1,) * (x.ndim - 1)
+    return (x - low.reshape(per_example)) / spread.reshape(per_example)
 
 
 class MLP(nn.Module):
