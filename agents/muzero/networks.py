@@ -37,7 +37,7 @@ def extreme_tangent(x: Array, extreme: Array, dx: Array) -> Array:
 
     JAX's rule divides by that count unguarded. XLA may compute `x` for the comparison in
     another fusion than the one that took the extreme, with other rounding; then no entry
-    matches, and 0 / 0 makes the whole gradient NaN. A MuZero Catch run on this CPU at XLA's
+    matches, and 0 / 0 makes the whole gradient NaN. A MuZero Catch run on CPU at XLA's
     `--xla_backend_optimization_level=0` went NaN at its third learner update that way, and
     JAX users report the same failure of `max`'s gradient on GPU."""
     at = (x == extreme).astype(dx.dtype)
