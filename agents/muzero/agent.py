@@ -99,8 +99,9 @@ def default_config() -> ml_collections.ConfigDict:
     # n of the n-step value targets. 5 with parent-mean Q above since 2026-12-01 (10 and "min"
     # before; 10 is the paper's Atari n): at 1M on MinAtar, 3 seeds, Seaquest 11.51 against
     # 3.14, SpaceInvaders 100.96 against 71.41, Freeway 37.61 against 28.21, but Breakout
-    # 30.20 against 40.86 and Asterix 8.56 against 20.46 (seeds overlapping); every
-    # classic-control goal on every seed (docs/results.md).
+    # 30.20 against 40.86 and Asterix 8.56 against 20.46 (seeds overlapping; over six seeds
+    # Asterix is level, 12.53 against 12.26); every classic-control goal on every seed
+    # (docs/results.md).
     c.td_steps = 5
     # The learning defaults are those of the Catch config, with which MuZero learns Catch at
     # Anakin's default batch (32 x 16; docs/results.md): at 4 x 256 positions sampled per 512
