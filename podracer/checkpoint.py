@@ -125,34 +125,82 @@ def _digest_slices(leaf: jax.Array, n: int) -> tuple[int, int]:
     return least, 1
 
 
+# Leaves of at most this many words are digested together, a batch of them (at most
+# `_DIGEST_BLOCK_WORDS` words in all) in one reduction: a learner state holds hundreds of small
+# leaves, and one reduction each made the program slow to compile (EfficientZero's 278 leaves:
+# 7.8 s of XLA compilation on a CPU, against 1.3 s batched: docs/benchmarks.md).
+_SMALL_LEAF_WORDS = 1 << 16
+
+
+def _leaf_lanes(leaf: jax.Array, rows: jax.Array, to_words: Any) -> jax.Array:
+    """[2] uint32: the two lanes' sums over the leaf's words, in slices (`_digest_slices`)."""
+    n = rows.shape[0]
+    steps, lead = _digest_slices(leaf, n)
+    main = n // steps * steps
+    chunk = main // (lead * steps)
+    lanes = jnp.zeros((len(_SEEDS),), jnp.uint32)
+    if main:
+        grid = (rows if main == n else rows[:main]).reshape(lead, steps, chunk, -1)
+        start = (jnp.arange(lead, dtype=jnp.uint32)[:, None] * jnp.uint32(steps * chunk)
+                 + jnp.arange(chunk, dtype=jnp.uint32))  # [lead, chunk] at step 0
+
+        def stretch(j, acc):
+            words = to_words(jax.lax.dynamic_index_in_dim(grid, j, 1, keepdims=False))
+            return acc + _lanes(words, start + j.astype(jnp.uint32) * jnp.uint32(chunk))
+
+        lanes = jax.lax.fori_loop(0, steps, stretch, lanes)
+    if main < n:
+        lanes = lanes + _lanes(to_words(rows[main:]), jnp.arange(main, n, dtype=jnp.uint32))
+    return lanes
+
+
+def _batch_lanes(members: list[tuple[jax.Array, Any, int]], lead: int) -> jax.Array:
+    """[len(members), 2] uint32: each small leaf's two lane sums, as `_leaf_lanes` gives them,
+    from one reduction over the batch's words. Each leaf is split into `lead` rows (its
+    leading axis, where it has one of that size), so that leaves sharded on that axis are
+    read where each device holds them; the per-leaf sums are a segment sum over the words."""
+    words, positions, segment = [], [], []
+    for j, (rows, to_words, n) in enumerate(members):
+        words.append(to_words(rows.reshape(lead, n // lead, -1)))
+        positions.append(jnp.arange(n, dtype=jnp.uint32).reshape(lead, n // lead))
+        segment.append(jnp.full((n // lead,), j, jnp.int32))  # built in the program
+    words, positions = jnp.concatenate(words, axis=1), jnp.concatenate(positions, axis=1)
+    seeds = jnp.asarray(_SEEDS, jnp.uint32)
+    mixed = _mix(words[..., None] ^ _mix(positions[..., None] + seeds))  # [lead, W, 2]
+    # The wrapping uint32 sums are exact, so summing by segment, then over the rows, gives
+    # the same lanes as each leaf's own reduction.
+    sums = jax.ops.segment_sum(jnp.swapaxes(mixed, 0, 1), jnp.concatenate(segment),
+                               num_segments=len(members), indices_are_sorted=True)
+    return jnp.sum(sums, axis=1, dtype=jnp.uint32)
+
+
 def _digest_leaves(leaves: list[jax.Array], packed: bool = True) -> jax.Array:
     total = jnp.zeros((len(_SEEDS),), jnp.uint32)
+    # Small leaves, batched by the number of rows they are split into: [(members, layouts)].
+    batches: dict[int, list[tuple[list, list[int]]]] = {}
     for i, leaf in enumerate(leaves):
         rows, to_words = _word_rows(leaf, packed)
         n = rows.shape[0]
-        # Position-dependent mixing, so that moved or swapped values change the digest. The
-        # wrapping uint32 sum is exact: the digest does not depend on how XLA orders the
-        # reduction, how the words are sliced, or how the arrays are sharded.
-        steps, lead = _digest_slices(leaf, n)
-        main = n // steps * steps
-        chunk = main // (lead * steps)
-        lanes = jnp.zeros((len(_SEEDS),), jnp.uint32)
-        if main:
-            grid = (rows if main == n else rows[:main]).reshape(lead, steps, chunk, -1)
-            start = (jnp.arange(lead, dtype=jnp.uint32)[:, None] * jnp.uint32(steps * chunk)
-                     + jnp.arange(chunk, dtype=jnp.uint32))  # [lead, chunk] at step 0
-
-            def stretch(j, acc, grid=grid, start=start, to_words=to_words, chunk=chunk):
-                words = to_words(jax.lax.dynamic_index_in_dim(grid, j, 1, keepdims=False))
-                return acc + _lanes(words, start + j.astype(jnp.uint32) * jnp.uint32(chunk))
-
-            lanes = jax.lax.fori_loop(0, steps, stretch, lanes)
-        if main < n:
-            lanes = lanes + _lanes(to_words(rows[main:]),
-                                   jnp.arange(main, n, dtype=jnp.uint32))
         # The leaf's place, shape and dtype, so that equal bits in another layout differ.
         layout = zlib.crc32(f"{i}:{leaf.shape}:{leaf.dtype}".encode())
-        total = total + _mix(lanes ^ jnp.uint32(layout))
+        if 0 < n <= min(_SMALL_LEAF_WORDS, _DIGEST_BLOCK_WORDS):
+            lead = leaf.shape[0] if leaf.ndim and leaf.shape[0] and n % leaf.shape[0] == 0 else 1
+            open_batches = batches.setdefault(lead, [])
+            if not open_batches or (sum(m[2] for m in open_batches[-1][0]) + n
+                                    > _DIGEST_BLOCK_WORDS):
+                open_batches.append(([], []))
+            open_batches[-1][0].append((rows, to_words, n))
+            open_batches[-1][1].append(layout)
+            continue
+        # Position-dependent mixing, so that moved or swapped values change the digest. The
+        # wrapping uint32 sum is exact: the digest does not depend on how XLA orders the
+        # reduction, how the words are sliced or batched, or how the arrays are sharded.
+        total = total + _mix(_leaf_lanes(leaf, rows, to_words) ^ jnp.uint32(layout))
+    for lead, lead_batches in batches.items():
+        for members, layouts in lead_batches:
+            lanes = _batch_lanes(members, lead)
+            total = total + jnp.sum(_mix(lanes ^ jnp.asarray(layouts, jnp.uint32)[:, None]),
+                                    axis=0, dtype=jnp.uint32)
     return total
 
 

@@ -14,10 +14,13 @@ Then the device fingerprint alone in its two schemes ("device:" one value per 32
 the temporaries of the compiled fingerprint, digesting each leaf in slices (now) against
 mixing all of a leaf's words at once (what it did before, the reference), and the peak
 resident memory of the process while the device save runs, over the state's size.
+Last, for each agent of `--agents`, its default learner state on Catch (hundreds of small
+leaves for the search agents): the seconds to compile the fingerprint and to compute it, with
+the small leaves batched into one reduction (now) against one reduction per leaf (before).
 For a fair "blocked" figure the state is being computed when save is called: a jitted update
 of the whole buffer is dispatched just before, as a training step would be.
 
-    python -m experiments.benchmarks.checkpoint [--mb=256] [--rounds=3]
+    python -m experiments.benchmarks.checkpoint [--mb=256] [--rounds=3] [--agents=...]
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from podracer.checkpoint import Checkpointer, fingerprint
 
 _MB = flags.DEFINE_integer("mb", 256, "Size of the replay-like array, in MB.")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds.")
+_AGENTS = flags.DEFINE_list("agents", ["vtrace", "ppo", "muzero", "efficientzero"],
+                            "Agents whose default Catch learner state is fingerprinted.")
 
 
 @jax.jit
@@ -77,6 +82,31 @@ def _whole_leaf_digest(leaves: list[jax.Array]) -> jax.Array:
         layout = zlib.crc32(f"{i}:{leaf.shape}:{leaf.dtype}".encode())
         total = total + checkpoint._mix(lanes ^ jnp.uint32(layout))
     return total
+
+
+def _agent_states(names: list[str]):
+    """(name, leaves of its default learner state on Catch) for each agent."""
+    import agents
+    import envs_jax
+
+    spec = envs_jax.wrap_for_training(envs_jax.make("catch"), None).spec()
+    for name in names:
+        agent = agents.make(agents.default_config(name), spec)
+        state = jax.jit(lambda k, a=agent: a.init(k, spec))(jax.random.key(0))
+        yield name, jax.tree.leaves(state)
+
+
+def _compile_and_run(fn, leaves) -> tuple[float, float, str]:
+    """(seconds to compile, best seconds to compute, the fingerprint) of `fn` on `leaves`."""
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(leaves).compile()
+    compile_s = time.perf_counter() - start
+    best = float("inf")
+    for _ in range(max(_ROUNDS.value, 3)):
+        start = time.perf_counter()
+        digest = jax.block_until_ready(compiled(leaves))
+        best = min(best, time.perf_counter() - start)
+    return compile_s, best, checkpoint._digest_hex(digest)
 
 
 def _temporaries_mb(fn, leaves) -> float:
@@ -165,6 +195,14 @@ def main(argv):
     for name, values in results.items():
         print(f"| {name} | {np.median([v[0] for v in values]):.3f} | "
               f"{np.median([v[1] for v in values]):.3f} |")
+    print("\n| learner state (Catch, default config) | leaves | fingerprint compile, batched "
+          "(now) / per leaf (before) | compute, batched / per leaf |\n|---|---:|---:|---:|")
+    for name, leaves in _agent_states(_AGENTS.value):
+        now = _compile_and_run(checkpoint._digest_leaves, leaves)
+        before = _compile_and_run(_whole_leaf_digest, leaves)
+        assert now[2] == before[2], (name, now[2], before[2])
+        print(f"| {name} | {len(leaves)} | {now[0]:.2f} s / {before[0]:.2f} s | "
+              f"{now[1] * 1e3:.2f} ms / {before[1] * 1e3:.2f} ms |", flush=True)
 
 
 if __name__ == "__main__":
