@@ -128,7 +128,7 @@ def _digest_slices(leaf: jax.Array, n: int) -> tuple[int, int]:
 # Leaves of at most this many words are digested together, a batch of them (at most
 # `_DIGEST_BLOCK_WORDS` words in all) in one reduction: a learner state holds hundreds of small
 # leaves, and one reduction each made the program slow to compile (EfficientZero's 278 leaves:
-# 7.8 s of XLA compilation on a CPU, against 1.3 s batched: docs/benchmarks.md).
+# 7.1 s of XLA compilation on a CPU, against 1.3 s batched: docs/benchmarks.md).
 _SMALL_LEAF_WORDS = 1 << 16
 
 
