@@ -1,6 +1,7 @@
 """The pinned dependency set installs on the newer Pythons the project supports (3.12, 3.13).
 
-Colab runs Python 3.12, CI and the development machines 3.11. For each newer version, pip
+Colab runs Python 3.12, CI and the development machines 3.11 (the whole suite has also been
+run on 3.12.1 and 3.13.0: docs/benchmarks.md, "Test suite"). For each newer version, pip
 resolves the pins of pyproject.toml (the main dependencies and the `test` extra) as it would
 on that Python (`--python-version`), from binary wheels only: a pin without a wheel for it would
 mean a source build on the user's runtime, which is what breaks. Nothing is installed
