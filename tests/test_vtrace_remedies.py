@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+from agents import popart
 from agents.actor_critic import LearnerState
 from agents.popart import PopArtLearnerState, PopArtStats
 from agents.vtrace import default_config, learning, make_agent, make_network, vtrace_loss
@@ -145,11 +146,18 @@ def test_learner_step_on_two_devices_equals_one_step_on_the_whole_batch(popart):
         np.testing.assert_allclose(split_metrics[name][0], whole_metrics[name], rtol=2e-5)
 
 
-def test_popart_statistics_move_towards_the_target_moments_by_hand():
+# (popart_average_first, learner updates made before this one, the step size by hand): beta,
+# or max(beta, 1 / (updates + 1)) with the option, at beta = 0.25.
+@pytest.mark.parametrize("average_first, updates, step", [(False, 0, 0.25), (True, 0, 1.0),
+                                                          (True, 2, 1 / 3), (True, 9, 0.25)])
+def test_popart_statistics_move_towards_the_target_moments_by_hand(average_first, updates,
+                                                                   step):
     network, trajectory, state = _trajectory_and_state(4, seed=1)
     old = PopArtStats(mean=jnp.asarray(2.0), second_moment=jnp.asarray(13.0))  # sigma 3
-    learn = learning.LearnConfig(popart=True, popart_step_size=0.25)
-    state = PopArtLearnerState(**dict(state.items()), popart=old)
+    learn = learning.LearnConfig(popart=True, popart_step_size=0.25,
+                                 popart_average_first=average_first)
+    fields = {**dict(state.items()), "updates": jnp.asarray(updates, jnp.int32)}
+    state = PopArtLearnerState(**fields, popart=old)
     new_state, metrics = jax.jit(lambda s: learning.learner_step(
         network, optax.sgd(0.0), s, trajectory, None, axis_name=None, learn=learn))(state)
     # The targets by hand, from the unnormalised values 3 n(x) + 2 of the unchanged params.
@@ -159,8 +167,8 @@ def test_popart_statistics_move_towards_the_target_moments_by_hand():
            "discounts": np.ones((T, 4)), "mask": np.asarray(trajectory.transition_mask())}
     _, targets = _advantages_by_hand(inp)
     real = inp["mask"] > 0
-    mu = 0.75 * 2.0 + 0.25 * targets[real].mean()
-    nu = 0.75 * 13.0 + 0.25 * np.square(targets[real]).mean()
+    mu = (1 - step) * 2.0 + step * targets[real].mean()
+    nu = (1 - step) * 13.0 + step * np.square(targets[real]).mean()
     np.testing.assert_allclose(new_state.popart.mean, mu, rtol=1e-5)
     np.testing.assert_allclose(new_state.popart.second_moment, nu, rtol=1e-5)
     np.testing.assert_allclose(metrics["popart_scale"], 3.0, rtol=1e-6)
@@ -171,6 +179,45 @@ def test_popart_statistics_move_towards_the_target_moments_by_hand():
     sigma = np.sqrt(nu - mu ** 2)
     np.testing.assert_allclose(sigma * np.asarray(after) + mu, 3.0 * np.asarray(before) + 2.0,
                                rtol=1e-5, atol=1e-5)
+
+
+def test_popart_average_first_averages_the_batches_then_forgets_them_at_beta():
+    # The batches' moments m_1, m_2, ...: with the option the statistics after n <= 1/beta
+    # updates are their plain mean (the initial mu = 0, nu = 1 gone after one update), after
+    # that the exponential average continues from it; without it the initial values keep the
+    # weight (1 - beta)^n.
+    beta = 0.25
+    batches = [(-10.0, 100.0), (-30.0, 910.0), (-50.0, 2504.0), (-20.0, 401.0),
+               (-60.0, 3600.0), (-40.0, 1602.0)]
+    for average_first in (True, False):
+        stats = PopArtStats.init()
+        for n, (m, s) in enumerate(batches):
+            step = popart.step_size_at(beta, jnp.asarray(n, jnp.int32),
+                                       average_first=average_first)
+            stats = popart.update(stats, jnp.float32(m), jnp.float32(s), step)
+            if average_first and n == 3:  # 1/beta = 4 updates: the plain mean of four
+                np.testing.assert_allclose(stats.mean, -27.5, rtol=1e-6)
+                np.testing.assert_allclose(stats.second_moment, 978.75, rtol=1e-6)
+        if average_first:  # two more updates at beta, from the plain mean
+            mu = 0.75 * (0.75 * -27.5 + 0.25 * -60.0) + 0.25 * -40.0
+            nu = 0.75 * (0.75 * 978.75 + 0.25 * 3600.0) + 0.25 * 1602.0
+        else:
+            weights = [beta * (1 - beta) ** (5 - i) for i in range(6)]
+            mu = sum(w * m for w, (m, _) in zip(weights, batches))
+            nu = (1 - beta) ** 6 + sum(w * s for w, (_, s) in zip(weights, batches))
+        np.testing.assert_allclose(stats.mean, mu, rtol=1e-6)
+        np.testing.assert_allclose(stats.second_moment, nu, rtol=1e-6)
+    # Without the option sigma is inflated by how far the targets are from 0: constant
+    # targets of -100 (spread 0) after 4 updates at beta = 0.25 give sigma =
+    # sqrt(nu - mu^2) with mu = -100 f, nu = 10^4 f + (1 - f), f = 1 - 0.75^4.
+    stats = PopArtStats.init()
+    for n in range(4):
+        stats = popart.update(stats, jnp.float32(-100.0), jnp.float32(1e4),
+                              popart.step_size_at(beta, jnp.asarray(n), average_first=False))
+    f = 1 - 0.75 ** 4
+    np.testing.assert_allclose(popart.scale(stats),
+                               np.sqrt(1e4 * f + (1 - f) - (100 * f) ** 2), rtol=1e-5)
+    assert float(popart.scale(stats)) > 40.0
 
 
 def test_popart_preserves_the_unnormalised_outputs():
@@ -222,6 +269,7 @@ def test_the_logit_gradient_scales_are_the_terms_gradients():
 
 @pytest.mark.parametrize("field, value", [("advantage_normalization", "global"),
                                           ("popart_step_size", 0.0),
+                                          ("popart_average_first", None),
                                           ("reward_scale", -1.0)])
 def test_bad_remedy_settings_are_config_errors(field, value):
     config = default_config()

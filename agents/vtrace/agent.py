@@ -77,6 +77,10 @@ def default_config() -> ml_collections.ConfigDict:
     # 2019): the value head predicts (v - mu) / sigma, the statistics live in the learner state
     c.popart_step_size = 1e-3  # beta of the statistics' exponential averages (the papers'
     # 3e-4 assumes millions of updates; 1e-2 learnt Acrobot faster but CartPole less stably)
+    # The statistics' step at update n is max(beta, 1/(n+1)): their plain average until 1/beta
+    # updates, then the exponential one (`agents.popart.step_size_at`). Off, the initial
+    # mu = 0, nu = 1 still weigh 14% at 1M steps and inflate sigma (docs/vtrace.md).
+    c.popart_average_first = False
     c.reward_scale = 1.0  # rewards are multiplied by it before V-trace
     return c
 
@@ -133,7 +137,8 @@ def learn_config(config: ml_collections.ConfigDict) -> learning.LearnConfig:
     """The learner's static settings, from `config`'s fields of the same names."""
     return learning.LearnConfig(advantage_normalization=config.advantage_normalization,
                                 popart=bool(config.popart),
-                                popart_step_size=float(config.popart_step_size))
+                                popart_step_size=float(config.popart_step_size),
+                                popart_average_first=bool(config.popart_average_first))
 
 
 def _init(network, optimizer, loss_hparams, learn: learning.LearnConfig, key,

@@ -20,6 +20,7 @@ import optax
 from agents import popart
 from agents.actor_critic import LearnerState
 from agents.popart import PopArtStats
+from agents.popart import step_size_at as popart_step_size_at
 from agents.popart import update as popart_update
 from agents.vtrace.losses import LossOutput, vtrace_loss
 from podracer.types import Array, Extras, Metrics, Params, PRNGKey, TimeStep, Trajectory
@@ -35,6 +36,7 @@ class LearnConfig:
     advantage_normalization: str = "none"  # "none" | "batch": over the global batch
     popart: bool = False  # PopArt value normalisation: statistics in `PopArtLearnerState`
     popart_step_size: float = 3e-4  # beta, the statistics' exponential-averaging step
+    popart_average_first: bool = False  # step max(beta, 1/(n+1)) at update n (popart.py)
     popart_min_scale: float = 1e-4  # sigma is clipped to [min, max] (Hessel et al., 2019)
     popart_max_scale: float = 1e6
 
@@ -130,8 +132,9 @@ def learner_step(network: nn.Module, optimizer: optax.GradientTransformation,
     extra = {}
     if popart is not None:
         # out.target_* are pooled over every sequence and device: the same on every device.
-        new_popart = popart_update(popart, out.target_mean, out.target_sq_mean,
-                                   learn.popart_step_size)
+        step_size = popart_step_size_at(learn.popart_step_size, learner_state.updates,
+                                        average_first=learn.popart_average_first)
+        new_popart = popart_update(popart, out.target_mean, out.target_sq_mean, step_size)
         params = popart_preserve(params, popart, new_popart, learn)
         extra = {"popart": new_popart}
     metrics = {
