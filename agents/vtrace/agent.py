@@ -78,9 +78,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.popart_step_size = 1e-3  # beta of the statistics' exponential averages (the papers'
     # 3e-4 assumes millions of updates; 1e-2 learnt Acrobot faster but CartPole less stably)
     # The statistics' step at update n is max(beta, 1/(n+1)): their plain average until 1/beta
-    # updates, then the exponential one (`agents.popart.step_size_at`). Off, the initial
-    # mu = 0, nu = 1 still weigh 14% at 1M steps and inflate sigma (docs/vtrace.md).
-    c.popart_average_first = False
+    # updates, then the exponential one (`agents.popart.step_size_at`). Off (the default
+    # until 2026-12-02), the initial mu = 0, nu = 1 still weigh 14% at 1M steps and inflate
+    # sigma: Acrobot's seeds then left the time limit anywhere from 282K to 922K steps, and
+    # with it on by 307K (docs/vtrace.md).
+    c.popart_average_first = True
     c.reward_scale = 1.0  # rewards are multiplied by it before V-trace
     return c
 
