@@ -99,6 +99,11 @@ class Agent(NamedTuple):
     # Runs record these values in place of "auto", so that a later version of the code whose
     # "auto" chooses otherwise still resumes the run as it was (or says which field differs).
     chosen: Mapping[str, Any] = MappingProxyType({})
+    # Config fields added to the agent after runs were made without them, {field: value}, each
+    # with the value under which the agent behaves as it did before the field existed. A
+    # checkpoint whose config lacks such a field resumes when this run's value is that one, and
+    # is otherwise refused with the value to pass (`podracer.workdir.check_compatible`).
+    introduced: Mapping[str, Any] = MappingProxyType({})
 
 
 def recorded_config(config: dict[str, Any], agent: Agent) -> dict[str, Any]:
@@ -107,6 +112,12 @@ def recorded_config(config: dict[str, Any], agent: Agent) -> dict[str, Any]:
     if not agent.chosen:
         return config
     return {**config, "agent": {**config.get("agent", {}), **agent.chosen}}
+
+
+def introduced_fields(agent: Agent) -> dict[str, Any]:
+    """`Agent.introduced` under the config's dotted names ("agent.<field>"), as a runner
+    passes it to the resume check."""
+    return {f"agent.{field}": value for field, value in agent.introduced.items()}
 
 
 def parameter_count(agent: Agent, env_spec: EnvSpec) -> int:

@@ -37,7 +37,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -290,12 +290,13 @@ class RunSession:
         return cls(workdir, lock_workdir(workdir))
 
     def find_resume_point(self, *, config: dict[str, Any], layout: list[list[Any]],
-                          run_shape: dict[str, Any],
-                          resumable: Sequence[str]) -> ResumePoint | None:
+                          run_shape: dict[str, Any], resumable: Sequence[str],
+                          introduced: Mapping[str, Any] | None = None) -> ResumePoint | None:
         """The checkpoint this run will resume, decided from metadata alone: a run that may
-        not resume it raises `ResumeError` here and changes nothing."""
+        not resume it raises `ResumeError` here and changes nothing. `introduced`: see
+        `podracer.workdir.check_compatible`."""
         self._resume_args = {"config": config, "layout": layout, "run_shape": run_shape,
-                             "resumable": resumable}
+                             "resumable": resumable, "introduced": dict(introduced or {})}
         if self.checkpoint_dir is not None:
             self.point = workdir_lib.find_resume_point(self.checkpoint_dir, **self._resume_args)
         return self.point

@@ -29,7 +29,8 @@ import glob
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from absl import logging
@@ -143,9 +144,16 @@ class ResumePoint:
 
 def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[str, Any],
                      layout: list[list[Any]], run_shape: dict[str, Any],
-                     resumable: Sequence[str] = RESUMABLE_CHANGES) -> dict[str, tuple[Any, Any]]:
+                     resumable: Sequence[str] = RESUMABLE_CHANGES,
+                     introduced: Mapping[str, Any] = MappingProxyType({})
+                     ) -> dict[str, tuple[Any, Any]]:
     """Raises `ResumeError` listing every way in which this run differs from the one that
-    saved `metadata`, unless each difference is allowed; returns the opted-in changes."""
+    saved `metadata`, unless each difference is allowed; returns the opted-in changes.
+
+    `introduced` ({dotted field: value}, `podracer.agent.introduced_fields`) names fields added
+    to the code since runs were made without them, each with the value that behaves as the
+    code did before: a checkpoint whose config lacks the field is the same run when this run
+    holds that value."""
     step = metadata.get("updates", "?")
     shape_lines, shape_fields = [], []
     for name, value in run_shape.items():
@@ -160,6 +168,12 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
     # "auto" (or None, a width left to the agent) where this run holds what the agent chose:
     # the same run when every array agrees.
     saved_fields = _flatten(metadata.get("config", {}))
+    # Fields the checkpoint predates: the same run when this run holds the value that behaves
+    # as the code then did; otherwise a difference, reported with that value.
+    predates = {f: introduced[f] for f in differences
+                if f in introduced and f not in saved_fields}
+    differences = {f: v for f, v in differences.items()
+                   if not (f in predates and v[1] == predates[f])}
     chosen = {f: (a, b) for f, (a, b) in differences.items()
               if (a == "auto" or (a is None and f in saved_fields)) and b not in ("auto", None)}
     if saved_layout and not layout_lines:
@@ -173,7 +187,12 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
               "a different run.")]
     for field, (a, b) in differences.items():
         mark = " (allowed by resume_allow_changes)" if field in allow else ""
-        lines.append(f"  config.{field}: checkpoint {a!r}, this run {b!r}{mark}")
+        if field in predates:
+            lines.append(f"  config.{field}: absent from the checkpoint, which was made before "
+                         f"the field existed, when the code behaved as {predates[field]!r}; "
+                         f"this run {b!r}{mark}")
+        else:
+            lines.append(f"  config.{field}: checkpoint {a!r}, this run {b!r}{mark}")
     lines += [f"  {line}" for line in shape_lines]
     if layout_lines:
         lines.append("  These changes reshape the saved state, so it cannot be continued:")
@@ -181,6 +200,9 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
         if len(layout_lines) > 8:
             lines.append(f"    ... and {len(layout_lines) - 8} more arrays")
     workdir = os.path.dirname(directory)
+    for field, value in predates.items():
+        if field in differences and field not in allow:
+            lines.append(f"To resume it as it ran, pass --config.{field}={value}.")
     for field, (saved, value) in chosen.items():
         lines.append(f"config.{field} was {json.dumps(saved)} when the checkpoint was made "
                      f"(left to the agent), and this version of the code chooses {value!r} "
@@ -199,7 +221,9 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
 
 def find_resume_point(directory: str, *, config: dict[str, Any], layout: list[list[Any]],
                       run_shape: dict[str, Any],
-                      resumable: Sequence[str] = RESUMABLE_CHANGES) -> ResumePoint | None:
+                      resumable: Sequence[str] = RESUMABLE_CHANGES,
+                      introduced: Mapping[str, Any] = MappingProxyType({})
+                      ) -> ResumePoint | None:
     """The newest checkpoint step in `directory` whose metadata reads, checked against this
     run (see `check_compatible`); None when there is none. Reads files only: nothing is
     created, moved or written, so a run refused here leaves its workdir as it was."""
@@ -212,7 +236,8 @@ def find_resume_point(directory: str, *, config: dict[str, Any], layout: list[li
             unreadable.append(step)
             continue
         changes = check_compatible(metadata, directory=directory, config=config, layout=layout,
-                                   run_shape=run_shape, resumable=resumable)
+                                   run_shape=run_shape, resumable=resumable,
+                                   introduced=introduced)
         return ResumePoint(step=step, metadata=metadata, changes=changes,
                            unreadable=tuple(unreadable))
     return None
@@ -224,8 +249,9 @@ def find_resume_point(directory: str, *, config: dict[str, Any], layout: list[li
 
 def restore(checkpointer: Checkpointer, point: ResumePoint | None, target: Any, *,
             config: dict[str, Any], layout: list[list[Any]], run_shape: dict[str, Any],
-            resumable: Sequence[str] = RESUMABLE_CHANGES) -> tuple[Restored | None,
-                                                                   ResumePoint | None]:
+            resumable: Sequence[str] = RESUMABLE_CHANGES,
+            introduced: Mapping[str, Any] = MappingProxyType({})
+            ) -> tuple[Restored | None, ResumePoint | None]:
     """Loads `point` into the shape of `target`. Only steps that fail their integrity check
     (unreadable metadata, files that do not load, a state that does not match its saved
     fingerprint) are set aside, in `<checkpoints>.corrupt/`; then the next older step is
@@ -247,7 +273,8 @@ def restore(checkpointer: Checkpointer, point: ResumePoint | None, target: Any, 
                   "trying the previous one.", flush=True)
             checkpointer.quarantine(point.step)
         point = find_resume_point(checkpointer.directory, config=config, layout=layout,
-                                  run_shape=run_shape, resumable=resumable)
+                                  run_shape=run_shape, resumable=resumable,
+                                  introduced=introduced)
         for step in point.unreadable if point is not None else ():
             checkpointer.quarantine(step)
     return None, None

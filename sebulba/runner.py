@@ -86,7 +86,7 @@ import numpy as np
 from podracer import distributed, replication
 from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
-from podracer.agent import parameter_count
+from podracer.agent import introduced_fields, parameter_count
 from podracer.checkpoint import Preemption, state_layout
 from podracer.session import EVAL_STREAM, RunSession, TrainResult, print_end_of_run
 from sebulba import host_env
@@ -239,7 +239,8 @@ def _resume_args(plan: SebulbaPlan, mesh: jax.sharding.Mesh, keys: _Keys) -> dic
             "layout": state_layout(abstract_learner(plan.agent, plan.env.spec, mesh,
                                                     keys.params, keys.learner)),
             "run_shape": {"num_processes": plan.num_processes,
-                          "num_learner_devices": int(mesh.devices.size)}}
+                          "num_learner_devices": int(mesh.devices.size)},
+            "introduced": introduced_fields(plan.agent)}
 
 
 def _init_learner(plan: SebulbaPlan, mesh: jax.sharding.Mesh,

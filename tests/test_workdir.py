@@ -205,6 +205,72 @@ def test_a_field_added_since_the_checkpoint_resumes_only_when_named():
     assert check(("agent.head_share",)) == {"agent.head_share": (None, 1.0)}
 
 
+def test_a_field_the_checkpoint_predates_resumes_at_the_value_the_agent_declares():
+    # `Agent.introduced`: the value under which the agent behaves as before the field existed.
+    introduced = {"agent.average_first": False}
+
+    def check(saved, current, allow=()):
+        metadata = {"updates": 20, "config": {"agent": {"name": "x", **saved}},
+                    "layout": _LAYOUT}
+        config = {"agent": {"name": "x", **current}, "resume_allow_changes": allow}
+        return workdir_lib.check_compatible(metadata, directory="/nowhere/checkpoints",
+                                            config=config, layout=_LAYOUT, run_shape={},
+                                            introduced=introduced)
+
+    assert check({}, {"average_first": False}) == {}  # the same run
+    with pytest.raises(workdir_lib.ResumeError) as info:
+        check({}, {"average_first": True})
+    message = str(info.value)
+    assert info.value.fields == ["agent.average_first"]
+    assert ("config.agent.average_first: absent from the checkpoint, which was made before the "
+            "field existed, when the code behaved as False; this run True") in message
+    assert "To resume it as it ran, pass --config.agent.average_first=False." in message
+    # Opted in, it continues with the new value and records the change.
+    assert check({}, {"average_first": True}, ("agent.average_first",)) == {
+        "agent.average_first": (None, True)}
+    # A checkpoint that holds the field is compared as usual, whatever was declared.
+    with pytest.raises(workdir_lib.ResumeError):
+        check({"average_first": True}, {"average_first": False})
+    # A field nobody declared is still refused when the checkpoint lacks it.
+    with pytest.raises(workdir_lib.ResumeError):
+        check({}, {"average_first": False, "other": 1})
+
+
+def _strip_field(workdir, field):
+    """Makes `workdir` look made by code that predates the agent config field `field`."""
+    paths = glob.glob(os.path.join(workdir, "checkpoints", "*", "meta", "metadata"))
+    assert paths
+    for path in paths:
+        with open(path) as f:
+            metadata = json.load(f)
+        del metadata["config"]["agent"][field]
+        with open(path, "w") as f:
+            json.dump(metadata, f)
+    with open(os.path.join(workdir, "config.json")) as f:
+        config = json.load(f)
+    del config["agent"][field]
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        json.dump(config, f)
+
+
+def test_a_vtrace_workdir_from_before_popart_average_first_resumes_as_it_ran(finished,
+                                                                             tmp_path):
+    workdir = _copy(finished[0], tmp_path)
+    _strip_field(workdir, "popart_average_first")
+    longer = 5 * STEPS_PER_CHUNK
+    before = snapshot(workdir)
+    # The default (True) is not what that run did: refused, naming the value to pass.
+    with pytest.raises(workdir_lib.ResumeError) as info:
+        anakin.train(_config(total_env_steps=longer), workdir)
+    assert info.value.fields == ["agent.popart_average_first"]
+    assert "pass --config.agent.popart_average_first=False" in str(info.value)
+    assert snapshot(workdir) == before
+    result = anakin.train(
+        _config(total_env_steps=longer, **{"agent.popart_average_first": False}), workdir)
+    assert result.resumed_from_updates == 20
+    assert [r["updates"] for r in read_records(workdir)] == [5, 10, 15, 20, 25]
+
+
 def test_only_a_damaged_checkpoint_is_set_aside(finished, tmp_path):
     workdir = _copy(finished[0], tmp_path)
     garble_arrays(os.path.join(workdir, "checkpoints", "20"))

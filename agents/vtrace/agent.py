@@ -181,4 +181,6 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
         chosen=chosen(config, env_spec),
+        # Runs made before the field existed stepped PopArt's statistics by beta throughout.
+        introduced={"popart_average_first": False},
     )
