@@ -236,6 +236,24 @@ def test_a_field_the_checkpoint_predates_resumes_at_the_value_the_agent_declares
         check({}, {"average_first": False, "other": 1})
 
 
+@pytest.mark.parametrize("name", ["vtrace", "ppo", "muzero", "efficientzero"])
+def test_each_declared_older_value_names_a_field_the_agent_builds_with(name):
+    # A misspelt declaration would never match a field, and an invalid value would not build.
+    import numpy as np
+
+    import agents
+    from podracer.types import ArraySpec, DiscreteSpec, EnvSpec
+
+    spec = EnvSpec(observation=ArraySpec((5,), np.float32), action=DiscreteSpec(3))
+    declared = dict(agents.make(agents.default_config(name), spec).introduced)
+    config = agents.default_config(name)
+    for field, value in declared.items():
+        assert field in config, field
+        config[field] = value
+    agents.make(config, spec)  # validates every field
+    assert ("popart_average_first" in declared) == (name == "vtrace")
+
+
 def _strip_field(workdir, field):
     """Makes `workdir` look made by code that predates the agent config field `field`."""
     paths = glob.glob(os.path.join(workdir, "checkpoints", "*", "meta", "metadata"))

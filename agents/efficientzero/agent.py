@@ -16,6 +16,7 @@ assembled from MuZero's pieces and this package's additions, each behind a switc
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,7 @@ from agents.efficientzero.networks import (
 )
 from agents.efficientzero.search import run_search
 from agents.hparams import replace_hparams
+from agents.muzero.agent import INTRODUCED as MUZERO_INTRODUCED
 from agents.muzero.learning import LearnerState
 from podracer import optim
 from podracer.agent import Agent
@@ -41,6 +43,11 @@ OPTIMIZER_HPARAMS = muzero.OPTIMIZER_HPARAMS
 LOSS_HPARAMS = muzero.LOSS_HPARAMS + ("consistency_cost",)
 SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
 METRIC_NAMES = muzero.METRIC_NAMES + ("consistency_loss", "td_steps")
+# Fields added since the first release, with the value that behaves as the code did before
+# (`Agent.introduced`): MuZero's (inherited), and without the warm-up the full cost from the
+# first update; with the loss reaching h, the reference's single unroll.
+INTRODUCED = MappingProxyType({**MUZERO_INTRODUCED, "consistency_to_representation": True,
+                               "consistency_warmup_updates": 0})
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -243,4 +250,5 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
         chosen=muzero.chosen(config, env_spec),
+        introduced=INTRODUCED,
     )

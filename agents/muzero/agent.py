@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import MappingProxyType
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,15 @@ LOSS_HPARAMS = ("value_cost", "priority_exponent", "importance_exponent")
 SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
 METRIC_NAMES = ("loss", "value_loss", "policy_loss", "reward_loss", "grad_norm",
                 "mean_priority", "importance_exponent")
+
+
+# Fields added since the first release, each with the value under which the code behaves as it
+# did before the field existed (`Agent.introduced`): checkpoints made without the field resume
+# at that value. Each value was read off the diff that added the field: None bins are the old
+# 2S + 1; without the terminal head the loss adds 0 and the search's discount is unchanged; a
+# gradient share of 1 is the full gradient; rewards times 1.0 are unchanged.
+INTRODUCED = MappingProxyType({"support_bins": None, "terminal_head": False,
+                               "terminal_head_gradient": 1.0, "reward_scale": 1.0})
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -409,4 +419,5 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
         chosen=chosen(config, env_spec),
+        introduced=INTRODUCED,
     )
