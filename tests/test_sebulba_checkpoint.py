@@ -8,8 +8,10 @@ of a fresh run does); the log continues without a missing or repeated update; an
 leaves a checkpoint at the update it stopped after.
 """
 
+import glob
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -247,6 +249,36 @@ def test_a_checkpoint_made_with_another_config_is_not_resumed(preempted):
     assert "pass a new --workdir" in str(info.value)
     assert "resume_allow_changes" in str(info.value)  # it reshapes nothing: may opt in
     assert snapshot(workdir) == before  # nothing moved, written or appended
+
+
+def test_a_checkpoint_from_before_a_declared_field_resumes_at_its_older_value(preempted,
+                                                                           tmp_path):
+    # MuZero declares reward_scale=1.0 (`Agent.introduced`): a workdir made before the field
+    # existed resumes with it, and another value is refused naming the one to pass.
+    config, workdir, result = preempted
+    copy = str(tmp_path / "copy")
+    shutil.copytree(workdir, copy)
+    for path in glob.glob(os.path.join(copy, "checkpoints", "*", "meta", "metadata")):
+        with open(path) as f:
+            metadata = json.load(f)
+        del metadata["config"]["agent"]["reward_scale"]
+        with open(path, "w") as f:
+            json.dump(metadata, f)
+    stopped_at = STOP_SIGNAL_AT + 1
+    config = _small(config.copy_and_resolve_references(),
+                    total_env_steps=stopped_at * STEPS_PER_UPDATE)
+    scaled = config.copy_and_resolve_references()
+    scaled.agent.reward_scale = 2.0
+    before = snapshot(copy)
+    with pytest.raises(ConfigError) as info:
+        sebulba.train(scaled, copy)
+    assert info.value.fields == ["agent.reward_scale"]
+    assert "To resume it as it ran, pass --config.agent.reward_scale=1.0." in str(info.value)
+    assert snapshot(copy) == before
+    assert config.agent.reward_scale == 1.0
+    restored = sebulba.train(config, copy)  # nothing left to run: returns what it restored
+    assert restored.resumed_from_updates == stopped_at
+    _assert_bitwise_equal(restored.learner_state, result.learner_state)
 
 
 def test_changed_replay_capacity_or_learner_devices_are_refused_untouched(preempted):
