@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 
+import numpy as np
 import pytest
 from conftest import (
     SMALL_CATCH_STEPS_PER_CHUNK,
@@ -27,12 +28,14 @@ from conftest import (
     wait_until,
 )
 
+import agents
 import anakin
 from podracer import replication
 from podracer import workdir as workdir_lib
 from podracer.config import ConfigError
 from podracer.faults import NonFiniteError
 from podracer.metrics import read_records
+from podracer.types import ArraySpec, DiscreteSpec, EnvSpec
 
 UPDATES_PER_CHUNK = SMALL_CATCH_UPDATES_PER_CHUNK
 STEPS_PER_CHUNK = SMALL_CATCH_STEPS_PER_CHUNK
@@ -239,11 +242,6 @@ def test_a_field_the_checkpoint_predates_resumes_at_the_value_the_agent_declares
 @pytest.mark.parametrize("name", ["vtrace", "ppo", "muzero", "efficientzero"])
 def test_each_declared_older_value_names_a_field_the_agent_builds_with(name):
     # A misspelt declaration would never match a field, and an invalid value would not build.
-    import numpy as np
-
-    import agents
-    from podracer.types import ArraySpec, DiscreteSpec, EnvSpec
-
     spec = EnvSpec(observation=ArraySpec((5,), np.float32), action=DiscreteSpec(3))
     declared = dict(agents.make(agents.default_config(name), spec).introduced)
     config = agents.default_config(name)
