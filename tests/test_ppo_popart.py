@@ -39,11 +39,11 @@ class Table:
         return jnp.broadcast_to(p["logits"], (b,) + p["logits"].shape), value
 
 
-def _learn(popart=True, step_size=0.25, normalization="batch"):
+def _learn(popart=True, step_size=0.25, normalization="batch", average_first=False):
     return learning.LearnConfig(num_epochs=1, num_minibatches=1, off_policy="plain",
                                 advantage_normalization=normalization, unroll_updates=False,
                                 continuous=False, observation_rank=1, popart=popart,
-                                popart_step_size=step_size)
+                                popart_step_size=step_size, popart_average_first=average_first)
 
 
 def _state(optimizer, stats=None):
@@ -116,6 +116,24 @@ def test_statistics_preserved_outputs_and_value_loss_by_hand():
                                0.5 * np.mean(np.square(3.5 - returns)) / sigma ** 2, rtol=1e-5)
 
 
+# The statistics' step at the update after `updates` earlier ones: beta = 0.25 without the
+# option; max(beta, 1 / (updates + 1)) with it (1 at the first update: the batch's moments).
+@pytest.mark.parametrize("average_first, updates, step", [(False, 0, 0.25), (True, 0, 1.0),
+                                                          (True, 2, 1 / 3), (True, 9, 0.25)])
+def test_average_first_steps_the_statistics_by_one_over_the_updates_made(average_first,
+                                                                         updates, step):
+    state = _state(optax.sgd(0.0), _stats(2.0, 13.0))
+    state = state.replace(updates=jnp.asarray(updates, jnp.int32))
+    new_state, _ = _step(_learn(average_first=average_first), state, _trajectory(),
+                         optax.sgd(0.0))
+    returns = _gae_by_hand(3.5) + 3.5
+    np.testing.assert_allclose(new_state.popart.mean,
+                               (1 - step) * 2.0 + step * returns.mean(), rtol=1e-5)
+    np.testing.assert_allclose(new_state.popart.second_moment,
+                               (1 - step) * 13.0 + step * np.square(returns).mean(), rtol=1e-5)
+    assert int(new_state.updates) == updates + 1
+
+
 def test_unnormalised_advantages_are_divided_by_the_statistics_scale():
     # advantage_normalization="none": GAE on sigma n(x) + mu = 3.5, divided by the sigma the
     # values were computed with (3, before the statistics move), as V-trace's policy gradient.
@@ -177,7 +195,8 @@ def test_the_default_agent_keeps_the_statistics_in_its_learner_state():
                           PopArtLearnerState)
 
 
-@pytest.mark.parametrize("field,value", [("popart_step_size", 0.0), ("popart_step_size", 1.5)])
+@pytest.mark.parametrize("field,value", [("popart_step_size", 0.0), ("popart_step_size", 1.5),
+                                         ("popart_average_first", None)])
 def test_bad_popart_fields_name_the_field(field, value):
     config = ppo.default_config()
     config[field] = value

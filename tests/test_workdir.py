@@ -249,7 +249,7 @@ def test_each_declared_older_value_names_a_field_the_agent_builds_with(name):
         assert field in config, field
         config[field] = value
     agents.make(config, spec)  # validates every field
-    assert ("popart_average_first" in declared) == (name == "vtrace")
+    assert ("popart_average_first" in declared) == (name in ("vtrace", "ppo"))
 
 
 def _strip_field(workdir, field):

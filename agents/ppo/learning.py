@@ -44,6 +44,7 @@ class LearnConfig:
     observation_rank: int  # the rank of one observation, without leading axes
     popart: bool = False  # PopArt value normalisation: statistics in `PopArtLearnerState`
     popart_step_size: float = 1e-3  # beta, the statistics' exponential-averaging step
+    popart_average_first: bool = False  # step max(beta, 1/(n+1)) at update n (popart.py)
 
 
 def apply(network: nn.Module, params: Params, observation: Array, *,
@@ -228,8 +229,9 @@ def learner_step(network: nn.Module, optimizer: optax.GradientTransformation,
         if axis_name is not None:
             moments = jax.lax.psum(moments, axis_name)
         count = jnp.maximum(moments[0], 1.0)
-        new_stats = popart.update(stats, moments[1] / count, moments[2] / count,
-                                  learn.popart_step_size)
+        step_size = popart.step_size_at(learn.popart_step_size, learner_state.updates,
+                                        average_first=learn.popart_average_first)
+        new_stats = popart.update(stats, moments[1] / count, moments[2] / count, step_size)
         params = popart.preserve(params, stats, new_stats)
         sigma = popart.scale(new_stats)
         batch = {**batch, "return": (batch["return"] - new_stats.mean) / sigma,
