@@ -11,8 +11,9 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# XLA's persistent compilation cache, one fresh directory per test process (each pytest-xdist
-# worker), inherited by the experiments that tests start as subprocesses and removed at exit.
+# XLA's persistent compilation cache, one fresh directory per test run: made by the process
+# that imports this first (pytest-xdist's controller), inherited through the environment by
+# its workers and by the experiments that tests start as subprocesses, removed when it exits.
 # Many tests compile programs another test (or the run before a resume) compiled already;
 # loading the executable instead of compiling it again returns the same compiled program.
 # Set JAX_COMPILATION_CACHE_DIR yourself to choose the directory (it is then kept), or to ""
