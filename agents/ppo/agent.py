@@ -215,6 +215,6 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
         chosen=chosen(config, env_spec),
-        # Checkpoints made before the field existed behaved as it set to False.
+        # Checkpoints from before the field existed ran as with it set to False.
         introduced={"popart_average_first": False},
     )
