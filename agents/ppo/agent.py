@@ -102,9 +102,9 @@ def default_config() -> ml_collections.ConfigDict:
     # Off, the initial mu = 0, nu = 1 still weigh 14% after the 2,000 updates of a 1M-step run
     # and inflate sigma, which PPO's advantages are divided by. On, at 1M: CartPole 491.5
     # against 485.8, Acrobot -87.4 against -90.6 (6 seeds), Asterix 5.93 against 2.64, but
-    # SpaceInvaders 41.9 against 66.3 and Freeway 29.3 against 37.8 (3 seeds): its larger
-    # advantages against the same entropy cost made the policy nearly deterministic by 256K
-    # steps (docs/results.md).
+    # SpaceInvaders 41.9 against 66.3 (134.4 against 150.5 at 10M) and Freeway 29.3 against
+    # 37.8 (3 seeds): its larger advantages against the same entropy cost made the policy
+    # nearly deterministic by 256K steps (docs/results.md).
     c.popart_average_first = False
     c.off_policy = "plain"  # stale data (Sebulba, lag > 0): "plain" | "corrected" (docs/ppo.md)
     c.clip_rho_threshold = 1.0  # "corrected": rho-bar, the cap on the weights pi_0/mu
