@@ -28,6 +28,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
+import glob
+import json
 import subprocess
 import sys
 import time
@@ -160,6 +162,23 @@ def snapshot(directory: str) -> dict[str, tuple[int, int, str]]:
     return out
 
 
+def strip_agent_field(workdir: str, field: str) -> None:
+    """Makes `workdir` look made by code that predates the agent config field `field`."""
+    paths = glob.glob(os.path.join(workdir, "checkpoints", "*", "meta", "metadata"))
+    assert paths
+    for path in paths:
+        with open(path) as f:
+            metadata = json.load(f)
+        del metadata["config"]["agent"][field]
+        with open(path, "w") as f:
+            json.dump(metadata, f)
+    with open(os.path.join(workdir, "config.json")) as f:
+        config = json.load(f)
+    del config["agent"][field]
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        json.dump(config, f)
+
+
 def flat_arrays(tree, prefix: str = "") -> dict:
     """The numpy leaves of nested dicts, lists and tuples (as `load_arrays` returns them), by
     their path of keys and indices joined with "/"."""
@@ -180,7 +199,6 @@ def flat_arrays(tree, prefix: str = "") -> dict:
 def garble_arrays(step_dir: str) -> None:
     """Damages a checkpoint step's array files in place (every byte flipped), as a bad disk
     would: the step still lists, but its arrays no longer read back as saved."""
-    import glob
 
     files = [f for f in glob.glob(os.path.join(step_dir, "state", "**", "*"), recursive=True)
              if os.path.isfile(f) and os.sep + "d" + os.sep in f]

@@ -8,7 +8,6 @@ of a fresh run does); the log continues without a missing or repeated update; an
 leaves a checkpoint at the update it stopped after.
 """
 
-import glob
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from conftest import (
     checkpoint_steps,
     snapshot,
     start_experiment,
+    strip_agent_field,
     tiny_sebulba_muzero_config,
     wait_until,
 )
@@ -258,12 +258,7 @@ def test_a_checkpoint_from_before_a_declared_field_resumes_at_its_older_value(pr
     config, workdir, result = preempted
     copy = str(tmp_path / "copy")
     shutil.copytree(workdir, copy)
-    for path in glob.glob(os.path.join(copy, "checkpoints", "*", "meta", "metadata")):
-        with open(path) as f:
-            metadata = json.load(f)
-        del metadata["config"]["agent"]["reward_scale"]
-        with open(path, "w") as f:
-            json.dump(metadata, f)
+    strip_agent_field(copy, "reward_scale")
     stopped_at = STOP_SIGNAL_AT + 1
     config = _small(config.copy_and_resolve_references(),
                     total_env_steps=stopped_at * STEPS_PER_UPDATE)

@@ -25,6 +25,7 @@ from conftest import (
     small_catch_config,
     snapshot,
     start_experiment,
+    strip_agent_field,
     wait_until,
 )
 
@@ -252,27 +253,10 @@ def test_each_declared_older_value_names_a_field_the_agent_builds_with(name):
     assert ("popart_average_first" in declared) == (name in ("vtrace", "ppo"))
 
 
-def _strip_field(workdir, field):
-    """Makes `workdir` look made by code that predates the agent config field `field`."""
-    paths = glob.glob(os.path.join(workdir, "checkpoints", "*", "meta", "metadata"))
-    assert paths
-    for path in paths:
-        with open(path) as f:
-            metadata = json.load(f)
-        del metadata["config"]["agent"][field]
-        with open(path, "w") as f:
-            json.dump(metadata, f)
-    with open(os.path.join(workdir, "config.json")) as f:
-        config = json.load(f)
-    del config["agent"][field]
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        json.dump(config, f)
-
-
 def test_a_vtrace_workdir_from_before_popart_average_first_resumes_as_it_ran(finished,
                                                                              tmp_path):
     workdir = _copy(finished[0], tmp_path)
-    _strip_field(workdir, "popart_average_first")
+    strip_agent_field(workdir, "popart_average_first")
     longer = 5 * STEPS_PER_CHUNK
     before = snapshot(workdir)
     # The default (True) is not what that run did: refused, naming the value to pass.
