@@ -38,50 +38,38 @@ SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
 
 
 def default_config() -> ml_collections.ConfigDict:
-    """The agent's hyperparameters, one comment per field."""
+    """V-trace's hyperparameters, one comment per field. Why each default is what it is:
+    docs/results.md#v-trace-defaults."""
     c = ml_collections.ConfigDict()
-    c.name = "vtrace"
-    c.torso = "auto"  # "auto" | "mlp" | "conv" | "resnet"
+    c.name = "vtrace"  # the registered agent name
+    c.torso = "auto"  # "auto" | "mlp" | "conv" | "resnet"; "auto": conv on images >= 36 x 36
     # MLP torso layer sizes. None: 2 x 64 for vectors, 2 x 256 for images read flattened
-    # (MinAtar's boards; `agents.actor_critic.mlp_hidden_sizes`). (64, 64) everywhere until
-    # 2026-11-27: MinAtar Asterix at 10M, seeds 0-2, 13.87 -> 20.61 (gymnax's PPO: 15).
+    # (MinAtar's boards; `agents.actor_critic.mlp_hidden_sizes`).
     c.hidden_sizes = config_dict.placeholder(tuple)
-    # The policy head's logits are multiplied by it (`networks.ActorCritic`). Under Adam a head
-    # over n features moves its logits about n times the step size per update. None: 64 / the
-    # MLP's last width if wider (0.25 at 256: the 64-wide head's pace), else 1, and 1 for the
-    # conv torsos. Unscaled, 2 x 256 lost a MinAtar SpaceInvaders seed of 3 to a softmax
-    # saturated for good (entropy and its gradient exactly 0); scaled, none of 6
-    # (docs/results.md).
+    # Factor (> 0) on the policy head's logits (`networks.ActorCritic`). None: 64 / the MLP's
+    # last width if wider (0.25 at 256: a 64-wide head's pace under Adam), else 1; 1 for the
+    # conv torsos.
     c.logit_scale = config_dict.placeholder(float)
-    # Adam step size at the start. 2e-3 since 2026-11-26 (was 1e-3): on MinAtar at 10M, seeds
-    # 0-2, Breakout 15.6 -> 28.8 and SpaceInvaders 141.4 -> 149.7, Asterix and Freeway level;
-    # classic control level; 3e-3 lost an Acrobot seed and Asterix (docs/results.md).
-    c.learning_rate = 2e-3
+    c.learning_rate = 2e-3  # Adam step size at the start
     # Learner updates over which the step size falls linearly to 0; 0 = constant. Configs tie
     # it to the run length with field references (as PPO's `anneal_lr_updates`).
     c.anneal_lr_updates = 0
-    c.adam_eps = 1e-5
+    c.adam_eps = 1e-5  # Adam's epsilon
     c.max_grad_norm = 1.0  # gradients are clipped to this global norm
-    c.discount = 0.99  # gamma
-    c.lambda_ = 1.0  # V-trace trace-cutting lambda
-    c.clip_rho_threshold = 1.0  # rho-bar in the paper
-    c.clip_pg_rho_threshold = 1.0
-    c.baseline_cost = 0.5
-    c.entropy_cost = 0.01
-    # Scale remedies (docs/vtrace.md). Without PopArt, values near -100 (Acrobot's -1 per
-    # step) grew the shared torso's features, and with them the logits: the policy turned
-    # deterministic before any episode succeeded. Normalising the advantages did not help.
+    c.discount = 0.99  # gamma per agent step
+    c.lambda_ = 1.0  # V-trace's trace-cutting lambda, in [0, 1]
+    c.clip_rho_threshold = 1.0  # rho-bar in the paper: the cap on the value targets' weights
+    c.clip_pg_rho_threshold = 1.0  # the cap on the policy gradient's importance weights
+    c.baseline_cost = 0.5  # weight of the value loss
+    c.entropy_cost = 0.01  # weight of the entropy bonus
+    # Scale remedies (docs/vtrace.md).
     c.advantage_normalization = "none"  # "none" | "batch": pg advantages to mean 0, std 1
     # over the real transitions of the global batch (every device and process), as PPO does
     c.popart = True  # PopArt value normalisation (van Hasselt et al., 2016; Hessel et al.,
     # 2019): the value head predicts (v - mu) / sigma, the statistics live in the learner state
-    c.popart_step_size = 1e-3  # beta of the statistics' exponential averages (the papers'
-    # 3e-4 assumes millions of updates; 1e-2 learnt Acrobot faster but CartPole less stably)
-    # The statistics' step at update n is max(beta, 1/(n+1)): their plain average until 1/beta
-    # updates, then the exponential one (`agents.popart.step_size_at`). Off (the default
-    # until 2026-12-02), the initial mu = 0, nu = 1 still weigh 14% at 1M steps and inflate
-    # sigma: Acrobot's seeds then left the time limit anywhere from 282K to 922K steps, and
-    # with it on by 307K (docs/vtrace.md).
+    c.popart_step_size = 1e-3  # beta of the statistics' exponential averages, in (0, 1]
+    # True: the statistics' step at update n is max(beta, 1/(n+1)), their plain average until
+    # 1/beta updates, then the exponential one (`agents.popart.step_size_at`); False: beta.
     c.popart_average_first = True
     c.reward_scale = 1.0  # rewards are multiplied by it before V-trace
     return c
