@@ -59,52 +59,43 @@ OFF_POLICY = ("plain", "corrected")
 
 
 def default_config() -> ml_collections.ConfigDict:
-    """The agent's hyperparameters, one comment per field (PPO's usual Atari/classic values)."""
+    """PPO's hyperparameters, one comment per field (PPO's usual Atari/classic values). Why
+    each default is what it is: docs/results.md#ppo-defaults."""
     c = ml_collections.ConfigDict()
-    c.name = "ppo"
-    c.torso = "auto"  # "auto" | "mlp" | "conv" | "resnet"
+    c.name = "ppo"  # the registered agent name
+    c.torso = "auto"  # "auto" | "mlp" | "conv" | "resnet"; "auto": conv on images >= 36 x 36
     # The MLP torso (policy and value MLPs each): layer sizes, and "tanh" | "relu". None: left
     # to the observations, 2 x 64 tanh for vectors and 2-D arrays, 2 x 256 ReLU for images read
-    # flattened (MinAtar's boards; `networks.mlp_activation`). 2 x 64 tanh everywhere until
-    # 2026-11-27: MinAtar Asterix at 10M, seeds 0-2, 7.03 -> 16.46 (gymnax's PPO: 15).
+    # flattened (MinAtar's boards; `networks.mlp_activation`).
     c.hidden_sizes = config_dict.placeholder(tuple)
     c.activation = config_dict.placeholder(str)
     c.learning_rate = 2.5e-4  # Adam step size at the start
-    c.adam_eps = 1e-5
+    c.adam_eps = 1e-5  # Adam's epsilon
     c.max_grad_norm = 0.5  # each minibatch gradient is clipped to this global norm
     # Learner steps over which the step size falls linearly to 0 (constant within a step);
     # 0 = constant. Configs tie it to the run length with field references.
     c.anneal_lr_updates = 0
     c.num_epochs = 4  # passes over each trajectory batch
     c.num_minibatches = 4  # per epoch, per device; must divide T x (environments per device)
-    c.discount = 0.99  # gamma
-    c.gae_lambda = 0.95  # lambda of GAE(lambda)
+    c.discount = 0.99  # gamma per agent step
+    c.gae_lambda = 0.95  # lambda of GAE(lambda), in [0, 1]
     c.clip_eps = 0.2  # the surrogate's ratio is clipped to [1 - eps, 1 + eps]
     c.value_clip_eps = 0.2  # the value may move this far from the old value; 0 = no clipping
-    c.value_cost = 0.5
+    c.value_cost = 0.5  # weight of the value loss
     c.entropy_cost = 0.01  # the entropy bonus of a categorical policy (discrete actions)
     # ... and of a Gaussian policy (continuous actions), whose differential entropy has no upper
-    # bound: with advantages in value units 0.01 widened Pendulum's policy to a standard
-    # deviation of about 26 (docs/results.md); 0 is the usual continuous-control setting
+    # bound; 0 is the usual continuous-control setting
     c.gaussian_entropy_cost = 0.0
     # "none": the advantages in value units, divided by PopArt's sigma (as V-trace's); "batch":
-    # to mean 0, std 1 over the global batch (every device and process), PPO's usual practice,
-    # which on MinAtar Breakout blew noise up to full-size steps and let the policy turn
-    # deterministic at a return of 6 (docs/results.md)
+    # to mean 0, std 1 over the global batch (every device and process)
     c.advantage_normalization = "none"
     # PopArt value normalisation (agents/popart.py; docs/ppo.md): the value head learns
     # targets scaled to about unit size, so that value_clip_eps and the value loss's weight
-    # mean the same whatever the rewards' scale (Pendulum's returns reach -1,000).
+    # mean the same whatever the rewards' scale.
     c.popart = True
-    c.popart_step_size = 1e-3  # beta of the statistics' exponential averages
-    # The statistics' step at update n is max(beta, 1/(n+1)): their plain average until 1/beta
-    # updates, then the exponential one (`agents.popart.step_size_at`), as V-trace's default.
-    # Off, the initial mu = 0, nu = 1 still weigh 14% after the 2,000 updates of a 1M-step run
-    # and inflate sigma, which PPO's advantages are divided by. On, at 1M: CartPole 491.5
-    # against 485.8, Acrobot -87.4 against -90.6 (6 seeds), Asterix 5.93 against 2.64, but
-    # SpaceInvaders 41.9 against 66.3 (134.4 against 150.5 at 10M) and Freeway 29.3 against
-    # 37.8 (3 seeds): its larger advantages against the same entropy cost made the policy
-    # nearly deterministic by 256K steps (docs/results.md).
+    c.popart_step_size = 1e-3  # beta of the statistics' exponential averages, in (0, 1]
+    # True: the statistics' step at update n is max(beta, 1/(n+1)), their plain average until
+    # 1/beta updates, then the exponential one (`agents.popart.step_size_at`); False: beta.
     c.popart_average_first = False
     c.off_policy = "plain"  # stale data (Sebulba, lag > 0): "plain" | "corrected" (docs/ppo.md)
     c.clip_rho_threshold = 1.0  # "corrected": rho-bar, the cap on the weights pi_0/mu
