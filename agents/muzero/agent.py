@@ -54,15 +54,15 @@ INTRODUCED = MappingProxyType({"support_bins": None, "terminal_head": False,
 
 
 def default_config() -> ml_collections.ConfigDict:
-    """MuZero's hyperparameters, one comment per field."""
+    """MuZero's hyperparameters, one comment per field. Why each default is what it is:
+    docs/results.md#muzero-defaults."""
     c = ml_collections.ConfigDict()
-    c.name = "muzero"
+    c.name = "muzero"  # the registered agent name
     # Networks.
     # "auto" | "mlp" | "conv_mlp" | "resnet" | "ez_resnet". "conv_mlp": one 3 x 3 convolution
     # (stride 1, `channels` filters) before the representation MLP. "auto": the resnet for
-    # images of at least 36 x 36 pixels (Atari's frames), conv_mlp for smaller [H, W, C]
-    # boards (MinAtar's 10 x 10: with tree_min_max below it lifted Asterix from 0.65 to 1.54
-    # at 1M, 3 seeds, docs/results.md), the MLP for vectors and boards without channels.
+    # images of at least 36 x 36 pixels, conv_mlp for smaller [H, W, C] boards, the MLP for
+    # vectors and boards without channels (`networks.resolve_network`).
     c.network = "auto"
     # The MLP latent width, and the hidden layers of the MLP nets and of every head. None: 128
     # for boards the MLP reads flattened (MinAtar's), 64 otherwise (`networks.mlp_widths`).
@@ -71,24 +71,16 @@ def default_config() -> ml_collections.ConfigDict:
     c.channels = 32  # the resnet's latent channels; conv_mlp's filters
     c.num_blocks = 2  # resnet blocks in each of h, g and f
     c.support_size = 10  # categorical value/reward support: [-S, S] after h(x)
-    # Bins of that support, evenly spaced. None: 2S + 1, one per integer (MuZero's). Values
-    # below 1, as MinAtar Asterix's, then all fall between the first two bins; 201 (steps of
-    # 0.1) did not help there: 1.47 against 2.22 at 1M, 3 seeds (docs/results.md).
-    c.support_bins = None
+    c.support_bins = None  # bins of that support, evenly spaced; None: 2S + 1, one per integer
     # Search.
-    # "muzero" (PUCT + Dirichlet noise) | "gumbel" (Gumbel MuZero: at 1M, 3 seeds, behind
-    # PUCT on MinAtar Freeway, 23.2 against 30.5, Asterix and SpaceInvaders; docs/results.md).
-    c.search = "muzero"
-    c.num_simulations = 16
-    c.dirichlet_alpha = 0.3
-    c.dirichlet_fraction = 0.25
+    c.search = "muzero"  # "muzero" (PUCT + Dirichlet noise) | "gumbel" (Gumbel MuZero)
+    c.num_simulations = 16  # simulations per search
+    c.dirichlet_alpha = 0.3  # alpha of the Dirichlet noise on the root's prior (PUCT search)
+    c.dirichlet_fraction = 0.25  # share of that noise in the root's prior, in [0, 1]
     c.temperature = 1.0  # visit-count temperature for acting (PUCT search)
-    # The MuZero paper's acting schedule over this many learner updates: `temperature` for the
-    # first half, 0.5 to three quarters, then 0.25 (sent to the actors with the parameters).
-    # 0: `temperature` throughout. 8,000 updates are 1M steps of Anakin's default batch at 4
-    # updates per step: 0.5 from 512K steps, 0.25 from 768K (the paper: 500K and 750K of
-    # its 1M training steps). With the larger replay below it lifted CartPole from 376 to 481
-    # at 1M (3 seeds, docs/results.md).
+    # Learner updates over which acting follows the MuZero paper's schedule: `temperature` for
+    # the first half, 0.5 to three quarters, then 0.25 (sent to the actors with the
+    # parameters). 0: `temperature` throughout.
     c.temperature_decay_updates = 8000
     # PUCT's value term: "parent_and_siblings" (mctx's default: min-max over the node's value
     # and its children's Q) or "tree_min_max" (min-max over every visited edge of the tree,
@@ -97,32 +89,20 @@ def default_config() -> ml_collections.ConfigDict:
     c.q_transform = "tree_min_max"
     # The Q of an unvisited child in PUCT: "min" (mctx: the lowest, 0 after normalising) or
     # "parent_mean" (EfficientZero: the mean Q of the parent's visited children and its
-    # parent's, normalised like the others). "parent_mean" with n = 5 since 2026-12-01: with
-    # "min" an untried action scores the lowest Q, and with n = 5 two Acrobot seeds in three
-    # stalled at -500; with the parent mean all three reach -100 (docs/results.md).
+    # parent's, normalised like the others).
     c.unvisited_q = "parent_mean"
     c.max_num_considered_actions = 16  # Gumbel search
     c.gumbel_scale = 1.0  # Gumbel search, acting (evaluation uses 0)
     # Learning.
-    c.discount = 0.97
-    c.unroll_steps = 5  # K
-    # n of the n-step value targets. 5 with parent-mean Q above since 2026-12-01 (10 and "min"
-    # before; 10 is the paper's Atari n): at 1M on MinAtar, 3 seeds, Seaquest 11.51 against
-    # 3.14, SpaceInvaders 100.96 against 71.41, Freeway 37.61 against 28.21, but Breakout
-    # 30.20 against 40.86 and Asterix 8.56 against 20.46 (seeds overlapping; over six seeds
-    # Asterix is level, 12.53 against 12.26); every classic-control goal on every seed
-    # (docs/results.md).
-    c.td_steps = 5
-    # The learning defaults are those of the Catch config, with which MuZero learns Catch at
-    # Anakin's default batch (32 x 16; docs/results.md): at 4 x 256 positions sampled per 512
-    # inserted, 2 samples per transition. (Until 2026-11-26: 64 x 1, learning rate 1e-3, value
-    # cost 0.25 and alpha 1, the paper's Atari values, which did not learn Catch in 1M steps.)
+    c.discount = 0.97  # gamma per agent step
+    c.unroll_steps = 5  # K: model steps unrolled from each sampled position
+    c.td_steps = 5  # n of the n-step value targets, in agent steps
     c.batch_size = 256  # sampled positions per update (per device)
     c.updates_per_step = 4  # updates per inserted trajectory: the replay ratio
-    c.learning_rate = 3e-3  # sweepable
-    c.max_grad_norm = 5.0  # sweepable
-    c.weight_decay = 1e-4  # sweepable
-    c.value_cost = 1.0  # sweepable
+    c.learning_rate = 3e-3  # AdamW step size
+    c.max_grad_norm = 5.0  # gradients are clipped to this global norm
+    c.weight_decay = 1e-4  # AdamW's decoupled weight decay
+    c.value_cost = 1.0  # weight of the value loss
     c.target_update_interval = 100  # updates between target-network copies
     c.reanalyse_fraction = 0.0  # share of each batch whose policy targets are searched afresh
     # Reanalysed bootstrap values: "target_network" (the target network's value, as MuZero
@@ -130,47 +110,33 @@ def default_config() -> ml_collections.ConfigDict:
     c.reanalyse_value = "target_network"
     # Targets at and past a true terminal: "absorbing" (value 0, reward 0 and a uniform policy
     # trained at and after it) or "masked" (EfficientZero's reference: the terminal's value 0
-    # and reward are trained, its policy and everything after it are not). "absorbing" since
-    # 2026-11-28: at 1M, 3 seeds on one machine, MinAtar Breakout 29.2 against 20.2,
-    # SpaceInvaders 61.8 against 54.0; Acrobot -75.8 against -83.5; level on Asterix (6
-    # seeds), Catch and CartPole; the same targets where no episode ends in a terminal
-    # (Freeway) (docs/results.md).
+    # and reward are trained, its policy and everything after it are not).
     c.past_end_targets = "absorbing"
     # A terminal head on the dynamics: the model also predicts whether each step ends the
     # episode (a logistic head on g's next latent, trained by cross-entropy on the unroll's
     # true terminals, and the absorbing steps after them), and the search discounts a step by
     # gamma (1 - P(end)), as the continuation predictors of world models. False: MuZero's
-    # model, which plans as if every episode went on. On by default since 2026-11-28: at 1M
-    # on MinAtar, 3 seeds, Asterix 20.46 against 2.22 (12.26 against 2.05 over six),
-    # Breakout 40.86 against 29.18, SpaceInvaders 71.41 against 61.84, Seaquest 3.14 against
-    # 1.05, Freeway 28.21 against 30.15; level on Catch and CartPole; on Acrobot 25 seeds of
-    # 26 reach -100 by 1M (one stays at -500), without it 29 of 29, ending about 3 higher
-    # (docs/results.md). The shipped Catch and CartPole configs keep it off, as measured.
+    # model, which plans as if every episode went on.
     c.terminal_head = True
     # With the head: the share of its loss's gradient that also trains h and g through the
     # latent it reads (1.0 all; 0.0 none: a readout of a stop-gradient latent; the head itself
-    # always trains in full). At 1M, 3 seeds each, with 1.0 / 0.6 / 0.3 / 0.0 / no head:
-    # Acrobot seeds 3, 4, 5 -227.3 (one seed at -500 throughout) / -78.7 / -77.8 / -78.8 /
-    # -79.2; seeds 0, 1, 2 -84.4 / -112.1 (one seed at -164) / -80.8 / -80.0 / -75.8; Asterix
-    # 20.46 / 9.51 / 4.88 / 1.90 / 2.22; Breakout 40.86 / 37.60 / 28.32 / 27.84 / 29.18
-    # (docs/results.md).
+    # always trains in full).
     c.terminal_head_gradient = 1.0
     # Rewards are multiplied by this as they enter the replay, so the model's rewards and
     # values, and every target, are in scaled units; the search normalises Q by its min-max
     # range (tree_min_max: with a floor of 0.01 on it) and the runner's episode returns are
-    # the environment's. On MinAtar Asterix (values below 1) every value falls between the
-    # support's first two bins.
+    # the environment's.
     c.reward_scale = 1.0
     # "bootstrap": the target network evaluates only the observations targets bootstrap
-    # from; "window": all K + n + 1 of each sample (the old width, kept for benchmarks).
+    # from; "window": all K + n + 1 of each sample (for benchmarks).
     c.target_positions = "bootstrap"
     # Replay of positions (per device).
     # Positions (timesteps), stored as windows of rollout_length: 128 inserted batches at
-    # Anakin's default 32 x 16. With 10 (5,120), CartPole's learnt policy kept collapsing.
+    # Anakin's default 32 x 16.
     c.replay_capacity = 65536
     c.min_replay_items = 640  # no updates until this many positions can be sampled
-    c.priority_exponent = 0.0  # alpha; 0 = uniform (the paper: 1); sweepable
-    c.importance_exponent = 1.0  # beta at the start; sweepable
+    c.priority_exponent = 0.0  # alpha; 0 = uniform (the paper: 1)
+    c.importance_exponent = 1.0  # beta at the start
     c.importance_anneal_updates = 0  # updates over which beta rises linearly to 1; 0: fixed
     c.rollout_length = 16  # T of the trajectories it receives (Anakin's default); experiments
     # tie it to the runner's: config.agent.rollout_length = config.get_ref("rollout_length")
