@@ -52,40 +52,34 @@ INTRODUCED = MappingProxyType({**MUZERO_INTRODUCED, "consistency_to_representati
 
 def default_config() -> ml_collections.ConfigDict:
     """MuZero's fields (`agents.muzero.default_config`) and EfficientZero's, one comment
-    each; defaults follow the paper where it is specific, unless a comment says why not."""
+    each; defaults follow the paper where it is specific. Why each default is what it is, and
+    where it departs from the reference: docs/results.md#efficientzero-defaults."""
     c = muzero.default_config()
-    c.name = "efficientzero"
-    # MuZero's terminal head and absorbing targets past a terminal (below) are on, as in
-    # MuZero's default; the reference has neither (efficientzero_atari100k.py turns them off).
-    # On MinAtar Asterix at 1M, both without Reanalyse reach 7.77 against 0.90 for the head
-    # alone with it; the head lifts Breakout from 37.0 to 49.9 (docs/results.md).
+    c.name = "efficientzero"  # the registered agent name
+    # MuZero's terminal head (and its absorbing targets past a terminal, below); the reference
+    # has neither (efficientzero_atari100k.py turns them off).
     c.terminal_head = True
     # Value prefix.
-    c.value_prefix = True
+    c.value_prefix = True  # an LSTM predicts the sum of rewards since its last reset
     c.value_prefix_horizon = 5  # H: the LSTM restarts every H unroll (and search) steps
-    c.lstm_size = 64
+    c.lstm_size = 64  # the value-prefix LSTM's hidden units
     # The prefix head reads the LSTM's output through a LayerNorm then ReLU (the paper uses
     # batch norm there); False: ReLU alone.
     c.value_prefix_norm = True
     # Self-supervised consistency.
-    c.consistency = True
-    c.consistency_cost = 2.0  # sweepable
-    c.projection_hidden = 128
-    c.projection_size = 128
+    c.consistency = True  # SimSiam consistency between g's latents and h of the observations
+    c.consistency_cost = 2.0  # weight of the consistency loss
+    c.projection_hidden = 128  # hidden width of the projector and predictor
+    c.projection_size = 128  # output width of the projector and predictor
     # Normalisation in the projector and predictor: "batch" (the reference's batch norm,
-    # batch statistics) or "layer" (per-sample LayerNorm, whose projections collapse).
+    # batch statistics) or "layer" (per-sample LayerNorm).
     c.consistency_norm = "batch"
     # True (the reference): the loss's gradient reaches h through g's unroll from h(o_0).
     # False: g is unrolled again from a stop-gradient h(o_0) for the loss, which then trains
-    # g and the heads but not h. On MinAtar Freeway, where rewards are rare, the loss alone
-    # shapes h and the chicken's row can no longer be read from it, also with 4 boards
-    # stacked (docs/results.md, 2026-11-29, after the last, and night).
+    # g and the heads but not h.
     c.consistency_to_representation = True
     # Learner updates over which the cost rises linearly from 0 to consistency_cost
-    # (0: the full cost from the first update, the reference's: it has no warm-up). 4,000,
-    # the first 512K of 1M steps at Anakin's default batch, learns MinAtar Freeway in every
-    # seed (26.64 at 1M, where 0 stays at 0.33) and holds or gains on the other seven
-    # environments (docs/results.md, 2026-11-29, late and end).
+    # (0: the full cost from the first update, the reference's: it has no warm-up).
     c.consistency_warmup_updates = 4_000
     # Off-policy correction: n = clip(td_steps - floor(age / td_age_interval), td_steps_min,
     # td_steps), age in environment steps since the data was stored (Atari 100k: 5, 1,
@@ -93,16 +87,14 @@ def default_config() -> ml_collections.ConfigDict:
     c.td_steps = 5
     c.td_steps_min = 1
     c.td_age_interval = 0
-    # The paper reanalyses every sample (1.0; efficientzero_atari100k.py). Off, as in MuZero's
-    # default and the Catch and MinAtar configs: on MinAtar it costs 2 to 2.8 times the wall
-    # time, is level on Breakout at 538K (26.8 against 25.3) and behind on Asterix (0.77 at
-    # 312K against 1.06 at 307K; docs/results.md, 2026-11-29, later).
+    # Share of each batch whose policy targets a fresh search recomputes, in [0, 1] (the
+    # paper: 1.0, as efficientzero_atari100k.py sets).
     c.reanalyse_fraction = 0.0
     # Augmentation of image observations read by a convolutional network (ignored for
     # other observations and for the MLP network, which flattens them).
     c.augment = True
-    c.augment_shift = 4  # pixels
-    c.augment_intensity = 0.05
+    c.augment_shift = 4  # largest random shift, in pixels
+    c.augment_intensity = 0.05  # pixels x (1 + this x clip(N(0, 1), -2, 2))
     # "separate": the online input and the consistency targets get independent draws (the
     # reference); "shared": one draw per sample for both.
     c.augment_draws = "separate"
@@ -110,13 +102,11 @@ def default_config() -> ml_collections.ConfigDict:
     # "per_step": 1/K on the predictions past step 0 only (MuZero appendix G's reading).
     c.unroll_gradient_scale = "whole"
     # MuZero's absorbing state past a terminal (value 0, reward 0, a uniform policy, the head's
-    # 1); "masked" is the reference's (nothing after the terminal is trained), with which
-    # EfficientZero stalled on Catch and Asterix. `from_muzero` carries the MuZero config's.
+    # 1); "masked" is the reference's (nothing after the terminal is trained). `from_muzero`
+    # carries the MuZero config's.
     c.past_end_targets = "absorbing"
-    # The acting schedule is MuZero's (`temperature_decay_updates`: 1.0 to half, 0.5 to three
-    # quarters, then 0.25) over MuZero's 8,000 learner updates, 1M steps at Anakin's default
-    # batch: the reference spreads it over its whole training (100K updates in Atari 100k,
-    # which efficientzero_atari100k.py sets), which no 1M-step run here reaches.
+    # The acting schedule is MuZero's (`temperature_decay_updates`), over MuZero's 8,000
+    # learner updates; the reference spreads it over its whole training.
     # Search: the reference's tree-wide min-max of Q and parent-mean Q for unvisited children.
     c.q_transform = "tree_min_max"
     c.unvisited_q = "parent_mean"
@@ -128,7 +118,7 @@ def default_config() -> ml_collections.ConfigDict:
     # then the clipped trust ratio, momentum and the learning rate).
     c.optimizer = "adamw"
     c.lars_eta = 0.001  # LARS trust coefficient
-    c.lars_momentum = 0.9
+    c.lars_momentum = 0.9  # LARS momentum coefficient
     return c
 
 
