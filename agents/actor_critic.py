@@ -24,10 +24,10 @@ ADVANTAGE_NORMALIZATIONS = ("none", "batch")
 # The MLP's layer sizes when `agent.hidden_sizes` is None (V-trace's and PPO's default), by
 # observation kind: two layers of 64 for vectors and 2-D arrays (CartPole's 4 numbers, Catch's
 # 10 x 5 board), two of 256 for images the MLP reads flattened (MinAtar's 10 x 10 x C boards,
-# 400 inputs and more), the width of gymnax's MinAtar PPO baselines. V-trace on MinAtar Asterix
-# at 10M steps: 13.9 at 64, 20.6 at 256 (with its logits scaled by 64/256); CartPole at 1M fell
-# from 491 to 338 with that network (seeds 0-2, docs/results.md). PPO takes 256 on boards with
-# ReLU (`agents.ppo.networks.mlp_activation`): with tanh, 256 learnt Asterix more slowly.
+# 400 inputs and more), the width of gymnax's MinAtar PPO baselines. The wider network learns
+# MinAtar better and CartPole worse, hence the split (docs/vtrace.md, `hidden_sizes`). PPO takes
+# 256 on boards with ReLU (`agents.ppo.networks.mlp_activation`): with tanh, 256 learns Asterix
+# more slowly.
 VECTOR_HIDDEN_SIZES = (64, 64)
 IMAGE_HIDDEN_SIZES = (256, 256)
 

@@ -7,7 +7,7 @@ kernel gradient on the CPU backend is an im2col matrix product instead of XLA's
 convolution transpose. On CPU, XLA lowers the kernel gradient of an NHWC convolution to a
 convolution whose contracting dimension is batch x height x width; it runs it on about one
 core at a small fraction of the forward pass's FLOP rate: for the IMPALA ResNet on Pong
-(640 frames of 84 x 84) the kernel gradients were ≈75% of the forward and backward pass
+(640 frames of 84 x 84) the kernel gradients take most of the forward and backward pass
 (docs/benchmarks.md, "Convolutions' kernel gradient"). Here the batch is cut into chunks of
 at most `CHUNK_BYTES` of im2col patches, and each chunk's patches [n, H', W', kh*kw*C_in]
 are contracted with the output gradient [n, H', W', C_out] by one matrix product,
@@ -35,10 +35,9 @@ from jax import lax
 
 from podracer.types import Array
 
-# Bytes of im2col patches per chunk of the batch in the CPU kernel gradient. All the IMPALA
-# ResNet's kernel gradients at batch 640 took, on a 2-core Xeon, 1.43 / 1.49 / 1.53 / 1.71 s
-# with chunks of 2 / 4 / 8 / 16 MiB (XLA's own transpose: 3.9 s): a flat optimum, and a
-# chunk that fits a core's cache is not needed.
+# Bytes of im2col patches per chunk of the batch in the CPU kernel gradient. The time is about
+# flat in the chunk size from 2 to 16 MiB, so a chunk need not fit a core's cache
+# (docs/benchmarks.md, "Convolutions' kernel gradient").
 CHUNK_BYTES = 4 << 20
 
 _NHWC = ("NHWC", "HWIO", "NHWC")

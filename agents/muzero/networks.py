@@ -250,9 +250,8 @@ def resolve_network(name: str, env_spec: EnvSpec) -> str:
 
 # The MLP widths when `agent.hidden_sizes` and `agent.latent_size` are None: 128 for boards the
 # MLP reads flattened (MinAtar's 10 x 10 x C; with "conv_mlp", after its convolution), 64 for
-# everything else (vectors, and the heads of the resnet). On MinAtar SpaceInvaders at 1M steps
-# (seeds 0-2) 128 lifted MuZero from 22.81 to 39.37 in the same wall time; 256 ran at a third
-# of the speed (docs/results.md).
+# everything else (vectors, and the heads of the resnet). On MinAtar 128 learns more than 64 in
+# the same wall time, and 256 runs much slower (docs/results.md#muzero-defaults).
 BOARD_WIDTH = 128
 DEFAULT_WIDTH = 64
 

@@ -34,10 +34,9 @@ TORSOS = ("auto", "mlp", "conv", "resnet")
 
 # The MLP's activation when `agent.activation` is None (the default), by observation kind: tanh
 # for vectors and 2-D arrays (PPO's usual classic-control network), ReLU for boards read
-# flattened (gymnax's MinAtar PPO baselines). Seeds 0-2 at 10M on MinAtar Asterix, both
-# 2 x 256 on the boards: tanh 1.81 at 2.3M, ReLU 16.46 at the end, against 7.03 for the old
-# tanh 2 x 64 default (docs/results.md). CartPole kept tanh 2 x 64: ReLU 2 x 256 reached 467.6,
-# under its 475 goal.
+# flattened (gymnax's MinAtar PPO baselines). On MinAtar's boards ReLU 2 x 256 learns more
+# than tanh at either width; on CartPole it misses the goal that tanh 2 x 64 meets
+# (docs/ppo.md).
 VECTOR_ACTIVATION = "tanh"
 IMAGE_ACTIVATION = "relu"
 
