@@ -25,9 +25,9 @@ ADVANTAGE_NORMALIZATIONS = ("none", "batch")
 # observation kind: two layers of 64 for vectors and 2-D arrays (CartPole's 4 numbers, Catch's
 # 10 x 5 board), two of 256 for images the MLP reads flattened (MinAtar's 10 x 10 x C boards,
 # 400 inputs and more), the width of gymnax's MinAtar PPO baselines. The wider network learns
-# MinAtar better and CartPole worse, hence the split (docs/vtrace.md, `hidden_sizes`). PPO takes
-# 256 on boards with ReLU (`agents.ppo.networks.mlp_activation`): with tanh, 256 learns Asterix
-# more slowly.
+# MinAtar better and CartPole worse, hence the split (docs/results.md#v-trace-defaults). PPO
+# takes 256 on boards with ReLU (`agents.ppo.networks.mlp_activation`): with tanh, 256 learns
+# Asterix more slowly.
 VECTOR_HIDDEN_SIZES = (64, 64)
 IMAGE_HIDDEN_SIZES = (256, 256)
 

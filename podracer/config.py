@@ -67,10 +67,9 @@ def require_divisible(config: ml_collections.ConfigDict, field: str, divisor: in
         )
 
 
-# Fields every runner accepts for checkpoints and evaluation, added after the first configs
-# were written, with the values a config without them gets (so that configs built by hand
-# before them keep working). `anakin.default_config()` and `sebulba.default_config()` hold them
-# at these same values.
+# Fields every runner accepts for checkpoints and evaluation that a config may leave out, with
+# the values a config without them gets (so that configs built by hand without them work).
+# `anakin.default_config()` and `sebulba.default_config()` hold them at these same values.
 RUN_OPTION_DEFAULTS: dict[str, Any] = {
     "checkpoint_every_updates": 0,  # 0: only at the end and on SIGTERM
     "checkpoint_keep": 3,

@@ -232,9 +232,9 @@ def scale_gradient(x: Array, scale: float) -> Array:
 # "auto" picks the residual network for images with sides of at least this many pixels (Atari's
 # 84 x 84 and 96 x 96 frames); "conv_mlp" for smaller [H, W, C] boards (MinAtar's 10 x 10,
 # which the two stride-2 convolutions would leave at 3 x 3), whose one 3 x 3 convolution lets
-# the model learn local events such as Asterix's rewards (docs/results.md); the MLP for vectors
-# and boards without channels (Catch's 10 x 5). The same threshold as the actor-critic agents'
-# "auto" torso (`agents.vtrace.networks.conv_min_size()`).
+# the model learn local events such as Asterix's rewards (docs/results.md#muzero-defaults); the
+# MLP for vectors and boards without channels (Catch's 10 x 5). The same threshold as the
+# actor-critic agents' "auto" torso (`agents.vtrace.networks.conv_min_size()`).
 MIN_RESNET_SIDE = 36
 
 
