@@ -5,7 +5,7 @@ value prefix and the consistency loss. Catch's observations are not images: no a
     python -m experiments.anakin --config=experiments/configs/efficientzero_catch.py --workdir=/tmp/ez
 
 Where EfficientZero's defaults are the reference's own search settings, this file sets
-MuZero's, measured on Catch over 6 seeds (docs/efficientzero.md): with the reference's
+MuZero's, with which it learns Catch (docs/efficientzero.md): with the reference's
 tree-wide Q normalisation and parent-mean Q for unvisited children, or with targets masked past
 a terminal, the training return stalls near 0.8 at temperature 1 (the reference's temperature
 schedule, `temperature_decay_updates`, lifts it only once the temperature drops). Reanalyse

@@ -24,7 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.num_blocks = 2
     config.agent.support_size = 30
     config.agent.discount = 0.997
-    config.agent.td_steps = 10  # the paper's Atari n (MuZero's default: 5 since 2026-12-01)
+    config.agent.td_steps = 10  # the paper's Atari n (MuZero's default: 5)
     config.agent.num_simulations = 16
     config.agent.search = "gumbel"
     config.agent.batch_size = 64

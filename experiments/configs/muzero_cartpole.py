@@ -20,7 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.num_simulations = 8
     config.agent.search = "gumbel"
     config.agent.discount = 0.97
-    config.agent.td_steps = 10  # as measured (MuZero's default: 5 since 2026-12-01)
+    config.agent.td_steps = 10  # as measured (MuZero's default: 5)
     config.agent.hidden_sizes = (128,)
     config.agent.latent_size = 128
     config.agent.learning_rate = 3e-3
@@ -33,7 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
     # (MuZero's default lowers it after 4,000 and 6,000 updates).
     config.agent.temperature_decay_updates = 0
     # No terminal head, as this config's recorded results were measured (MuZero's default has
-    # one since 2026-11-28).
+    # one).
     config.agent.terminal_head = False
     config.agent.min_replay_items = 640  # positions
     config.agent.target_update_interval = 50

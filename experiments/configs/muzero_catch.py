@@ -39,7 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.past_end_targets = "absorbing"
     # mctx's Q normalisation and unvisited-child Q, and no terminal head, which this config's
     # recorded results were measured with (MuZero's defaults: the tree's min-max,
-    # "tree_min_max"; since 2026-12-01 the parent's mean Q; since 2026-11-28 a terminal head).
+    # "tree_min_max"; the parent's mean Q; a terminal head).
     config.agent.q_transform, config.agent.terminal_head = "parent_and_siblings", False
     config.agent.unvisited_q = "min"
     config.updates_per_chunk = 25

@@ -3,8 +3,8 @@
     python -m experiments.anakin --config=experiments/configs/vtrace_cartpole.py --workdir=/tmp/run
 
 `envs_jax.make("CartPole-v1")` applies gymnasium's 500-step time limit (a truncation: LAST
-with discount 1, bootstrapped), so `env.max_episode_steps` stays 0 here. The defaults reach a
-mean episode return of about 480 at 1M steps over 3 seeds (docs/vtrace.md).
+with discount 1, bootstrapped), so `env.max_episode_steps` stays 0 here. What it reaches is
+in docs/vtrace.md.
 """
 
 import ml_collections
@@ -16,8 +16,7 @@ def get_config() -> ml_collections.ConfigDict:
     config = vtrace_catch.get_config()
     config.env.name = "CartPole-v1"  # envs_jax's JAX port, parity-tested against gymnasium
     config.agent.learning_rate = 1e-3
-    # The agent's entropy cost, 0.01, with its PopArt default (docs/vtrace.md: 3 seeds at 1M,
-    # 490 / 483 / 461); the 0.001 this config used to set is no longer needed.
+    # The agent's entropy cost, 0.01, with its PopArt default (docs/vtrace.md).
     config.num_envs = 32  # few environments, many updates: CartPole needs updates, not data
     config.rollout_length = 16
     config.updates_per_chunk = 100

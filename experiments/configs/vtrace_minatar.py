@@ -23,9 +23,8 @@ def get_config() -> ml_collections.ConfigDict:
     # Logits as the head computes them, as this config's recorded results were measured (left
     # None, the agent would scale a 256-wide head's logits by 0.25: docs/vtrace.md).
     config.agent.logit_scale = 1.0
-    # 0.01 let the policy collapse early before PopArt (return ~6.5 at 10M). With PopArt (the
-    # agent's default since issue 27), at 1M over 3 seeds: 0.02 -> 6.36, 0.01 -> 6.02
-    # (docs/vtrace.md); the collapse at 10M with 0.01 is not re-measured, so 0.02 stays.
+    # Twice the agent's 0.01, with which the policy collapses early without PopArt; with
+    # PopArt the two are about level at 1M, and 0.01 is not measured at 10M (docs/vtrace.md).
     config.agent.entropy_cost = 0.02
     config.num_envs = 64  # more updates per env step: A2C-style learning is update-bound
     config.rollout_length = 16
