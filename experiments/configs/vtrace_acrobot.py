@@ -4,10 +4,10 @@
 
 `envs_jax.make("Acrobot-v1")` is the JAX port parity-tested against gymnasium, with its
 500-step time limit (a truncation, bootstrapped). The agent's defaults as they are (PopArt on:
-without it the value regression to returns near -100 inflated the shared torso's features and
-the policy turned deterministic before any episode succeeded; docs/vtrace.md), at the runner's
-default batch, 32 environments x T = 16: about 2,000 updates per 1M steps (the old default,
-256 x 20, made 200, too few by 1M). Measured: docs/vtrace.md and docs/results.md.
+without it the value regression to returns near -100 inflates the shared torso's features and
+the policy turns deterministic before any episode succeeds; docs/vtrace.md), at the runner's
+default batch, 32 environments x T = 16: about 2,000 updates per 1M steps (256 x 20 makes 200,
+too few by 1M). Measured: docs/vtrace.md and docs/results.md.
 """
 
 import ml_collections
