@@ -84,9 +84,9 @@ def default_config() -> ml_collections.ConfigDict:
     # Off-policy correction: n = clip(td_steps - floor(age / td_age_interval), td_steps_min,
     # td_steps), age in environment steps since the data was stored (Atari 100k: 5, 1,
     # 30,000). 0 turns it off (n = td_steps always).
-    c.td_steps = 5
-    c.td_steps_min = 1
-    c.td_age_interval = 0
+    c.td_steps = 5  # n for fresh data, in agent steps
+    c.td_steps_min = 1  # the shortest n
+    c.td_age_interval = 0  # environment steps of age per step n loses; 0: off
     # Share of each batch whose policy targets a fresh search recomputes, in [0, 1] (the
     # paper: 1.0, as efficientzero_atari100k.py sets).
     c.reanalyse_fraction = 0.0
@@ -113,7 +113,7 @@ def default_config() -> ml_collections.ConfigDict:
     # Priority Refresh (SpeedyZero): every refresh_interval updates (0: never), all stored
     # positions' priorities are recomputed, refresh_batch windows at a time.
     c.refresh_interval = 0
-    c.refresh_batch = 256
+    c.refresh_batch = 256  # windows recomputed at a time
     # Optimiser: "adamw" (with global-norm clipping) or "clipped_lars" (global-norm clipping,
     # then the clipped trust ratio, momentum and the learning rate).
     c.optimizer = "adamw"
