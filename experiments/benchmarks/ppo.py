@@ -6,8 +6,12 @@ steps per second excluding compilation (all chunks, host loop included) and the 
 mean episode return. Then the same run again in this process (its compiled programs reused),
 timed by the wall clock and by process CPU time; then the ceiling: the same wrapped environment
 stepped with uniformly random actions in the same scan structure, no agent (best of
-`--repeats` chunks after compilation). docs/benchmarks.md ("PPO") compares these figures with
-PureJaxRL's measured side by side.
+`--repeats` chunks after compilation). With `--reference` (the default when the config is
+`ppo_cartpole.py`'s workload), a hand-written PPO at PureJaxRL's settings
+(`_ppo_reference.py`, one jitted function over the same wrapped environment) is compiled and
+then timed in alternating rounds with our compiled run (`--rounds`, A B then B A), and the
+ratio of the medians is printed: ours over the reference, env steps per second, compilation
+excluded.
 
     python -m experiments.benchmarks.ppo [--config.num_envs=2048 --config.total_env_steps=...]
 """
@@ -19,11 +23,13 @@ import platform
 import time
 
 import jax
+import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
 import anakin
 import envs_jax
+from experiments.benchmarks import _ppo_reference
 from experiments.benchmarks._ceiling import env_ceiling_seconds
 from podracer import replication
 
@@ -36,6 +42,52 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed chunks for the ceiling (bes
 _CEILING = flags.DEFINE_bool("ceiling", True, "Also measure the environment-only ceiling.")
 _SECOND_RUN = flags.DEFINE_bool("second_run", True,
                                 "Run again with the compiled programs and time it by CPU too.")
+_REFERENCE = flags.DEFINE_bool(
+    "reference", True, "Time a hand-written PPO at PureJaxRL's settings side by side "
+    "(CartPole-like workloads with discrete actions only).")
+_ROUNDS = flags.DEFINE_integer("rounds", 4, "Alternating rounds of ours and the reference.")
+
+
+def _reference_rounds(config, rounds: int) -> None:
+    """Our compiled run and the reference's, alternately (A B, B A, ...), by the wall clock."""
+    env = envs_jax.wrap_for_training(envs_jax.make(config.env.name, **config.env.kwargs),
+                                     config.env.max_episode_steps or None)
+    agent = config.agent
+    train = _ppo_reference.make_train(
+        env, num_envs=config.num_envs, num_steps=config.rollout_length,
+        total_steps=config.total_env_steps, num_epochs=agent.num_epochs,
+        num_minibatches=agent.num_minibatches, learning_rate=agent.learning_rate,
+        discount=agent.discount, gae_lambda=agent.gae_lambda, clip_eps=agent.clip_eps,
+        entropy_cost=agent.entropy_cost, value_cost=agent.value_cost,
+        max_grad_norm=agent.max_grad_norm)
+    start = time.perf_counter()
+    compiled = jax.jit(train).lower(jax.random.PRNGKey(config.seed)).compile()
+    compile_seconds = time.perf_counter() - start
+    steps = (config.total_env_steps // (config.num_envs * config.rollout_length)
+             * config.num_envs * config.rollout_length)
+
+    def ours() -> tuple[float, float]:
+        result = anakin.train(config)
+        return result.history[-1]["env_steps"] / result.run_seconds, \
+            float(result.history[-1]["episode_return"])
+
+    def reference() -> tuple[float, float]:
+        start = time.perf_counter()
+        returns = np.asarray(jax.block_until_ready(compiled(jax.random.PRNGKey(config.seed))))
+        return steps / (time.perf_counter() - start), float(np.nanmean(returns[-8:]))
+
+    figures = {"ours": [], "reference": []}
+    for r in range(rounds):
+        order = (("ours", ours), ("reference", reference))
+        for name, fn in (order if r % 2 == 0 else order[::-1]):
+            figures[name].append(fn())
+    medians = {k: float(np.median([sps for sps, _ in v])) for k, v in figures.items()}
+    for name, values in figures.items():
+        print(f"{name}: " + " ".join(f"{sps:,.0f}" for sps, _ in values)
+              + f" env steps/s (median {medians[name]:,.0f}); final return "
+              + " ".join(f"{ret:.1f}" for _, ret in values))
+    print(f"reference compile={compile_seconds:.2f}s; ours / reference = "
+          f"{medians['ours'] / medians['reference']:.2f} over {rounds} alternating rounds")
 
 
 def main(argv):
@@ -78,6 +130,8 @@ def main(argv):
         ceiling = config.updates_per_chunk * config.rollout_length * config.num_envs / seconds
         print(f"ceiling (env only, random actions): {ceiling:,.0f} env steps/s; ppo at "
               f"{100 * steps / result.run_seconds / ceiling:.0f}% of it")
+    if _REFERENCE.value and not envs_jax.make(config.env.name).action_spec().shape:
+        _reference_rounds(config, _ROUNDS.value)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,137 @@
+"""A hand-written PPO at PureJaxRL's CartPole settings: the reference that
+`experiments.benchmarks.ppo` times Podracer's PPO against, in the same process.
+
+The whole run is one jittable function of a key (PureJaxRL's `make_train` shape): separate
+64 x 64 tanh actor and critic MLPs with orthogonal initialisation, Adam with a linearly
+annealed step size and a global gradient-norm clip, GAE, advantages normalised per minibatch,
+the clipped surrogate and clipped value losses and an entropy bonus. It steps the same wrapped
+`envs_jax` environment as the Anakin run (automatic reset, episode statistics): the step out of
+a LAST timestep is the reset, and its transition is masked; a time-limit end (LAST with discount
+1) bootstraps from the final observation. It has no host loop, no metrics beyond the episode
+returns, no checkpoints and no replication: a floor for what PPO costs on this workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+
+class _ActorCritic(nn.Module):
+    num_actions: int
+
+    @nn.compact
+    def __call__(self, x):
+        def mlp(y, out, scale):
+            for _ in range(2):
+                y = nn.tanh(nn.Dense(64, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(y))
+            return nn.Dense(out, kernel_init=nn.initializers.orthogonal(scale))(y)
+
+        return mlp(x, self.num_actions, 0.01), mlp(x, 1, 1.0)[..., 0]
+
+
+def make_train(env, *, num_envs: int = 4, num_steps: int = 128, total_steps: int = 499_712,
+               num_epochs: int = 4, num_minibatches: int = 4, learning_rate: float = 2.5e-4,
+               discount: float = 0.99, gae_lambda: float = 0.95, clip_eps: float = 0.2,
+               entropy_cost: float = 0.01, value_cost: float = 0.5,
+               max_grad_norm: float = 0.5) -> Callable[[jax.Array], jax.Array]:
+    """`train(key) -> [num_updates]` mean return of the episodes that ended in each update
+    (NaN where none did), for `env` (an `envs_jax` environment with discrete actions, wrapped
+    for training)."""
+    num_updates = total_steps // (num_envs * num_steps)
+    batch = num_envs * num_steps
+    network = _ActorCritic(env.action_spec().num_values)
+    schedule = optax.linear_schedule(learning_rate, 0.0, num_epochs * num_minibatches * num_updates)
+    optimizer = optax.chain(optax.clip_by_global_norm(max_grad_norm),
+                            optax.adam(schedule, eps=1e-5))
+
+    def loss_fn(params, mb):
+        logits, value = network.apply(params, mb["obs"])
+        log_pi = jax.nn.log_softmax(logits)
+        log_prob = jnp.take_along_axis(log_pi, mb["action"][:, None], axis=-1)[:, 0]
+        count = jnp.maximum(mb["mask"].sum(), 1.0)
+        mean = lambda x: jnp.sum(x * mb["mask"]) / count
+        adv = mb["adv"]
+        adv = (adv - mean(adv)) / (jnp.sqrt(mean(jnp.square(adv - mean(adv)))) + 1e-8)
+        ratio = jnp.exp(log_prob - mb["log_prob"])
+        policy_loss = -mean(jnp.minimum(ratio * adv,
+                                        jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv))
+        clipped = mb["value"] + jnp.clip(value - mb["value"], -clip_eps, clip_eps)
+        value_loss = 0.5 * mean(jnp.maximum(jnp.square(value - mb["target"]),
+                                            jnp.square(clipped - mb["target"])))
+        entropy = mean(-jnp.sum(jnp.exp(log_pi) * log_pi, axis=-1))
+        return policy_loss + value_cost * value_loss - entropy_cost * entropy
+
+    def train(key):
+        key, init_key, reset_key = jax.random.split(key, 3)
+        params = network.init(init_key, jnp.zeros((1,) + env.observation_spec().shape))
+        opt_state = optimizer.init(params)
+        env_state, timestep = jax.vmap(env.reset)(jax.random.split(reset_key, num_envs))
+
+        def update(carry, _):
+            params, opt_state, env_state, timestep, key = carry
+
+            # COLLECT TRAJECTORIES
+            def env_step(carry, key):
+                env_state, timestep = carry
+                logits, value = network.apply(params, timestep.observation)
+                action = jax.random.categorical(key, logits)
+                log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None],
+                                               axis=-1)[:, 0]
+                env_state, next_timestep = jax.vmap(env.step)(env_state, action)
+                out = {"obs": timestep.observation, "action": action, "log_prob": log_prob,
+                       "value": value, "mask": 1.0 - timestep.last(),
+                       "reward": next_timestep.reward, "discount": next_timestep.discount,
+                       "ended": next_timestep.last(),
+                       "return": next_timestep.extras["episode_return"]}
+                return (env_state, next_timestep), out
+
+            key, rollout_key, epoch_key = jax.random.split(key, 3)
+            (env_state, timestep), traj = jax.lax.scan(
+                env_step, (env_state, timestep), jax.random.split(rollout_key, num_steps))
+
+            # GAE, BACKWARDS OVER THE ROLLOUT
+            _, last_value = network.apply(params, timestep.observation)
+
+            def gae_step(carry, t):
+                advantage, next_value, next_mask = carry
+                delta = t["reward"] + discount * t["discount"] * next_value - t["value"]
+                advantage = delta + discount * gae_lambda * t["discount"] * next_mask * advantage
+                return (advantage, t["value"], t["mask"]), advantage
+
+            init = (jnp.zeros(num_envs), last_value, 1.0 - timestep.last())
+            _, advantages = jax.lax.scan(gae_step, init, traj, reverse=True)
+            data = {"obs": traj["obs"], "action": traj["action"], "log_prob": traj["log_prob"],
+                    "value": traj["value"], "mask": traj["mask"], "adv": advantages,
+                    "target": advantages + traj["value"]}
+            data = jax.tree.map(lambda x: x.reshape((batch,) + x.shape[2:]), data)
+
+            # EPOCHS OF SHUFFLED MINIBATCHES
+            def epoch(carry, key):
+                def minibatch(carry, mb):
+                    params, opt_state = carry
+                    grads = jax.grad(loss_fn)(params, mb)
+                    updates, opt_state = optimizer.update(grads, opt_state, params)
+                    return (optax.apply_updates(params, updates), opt_state), None
+
+                order = jax.random.permutation(key, batch)
+                minibatches = jax.tree.map(
+                    lambda x: x[order].reshape((num_minibatches, -1) + x.shape[1:]), data)
+                return jax.lax.scan(minibatch, carry, minibatches)[0], None
+
+            (params, opt_state), _ = jax.lax.scan(epoch, (params, opt_state),
+                                                  jax.random.split(epoch_key, num_epochs))
+            ended = traj["ended"].astype(jnp.float32)
+            mean_return = jnp.sum(traj["return"] * ended) / jnp.sum(ended)
+            return (params, opt_state, env_state, timestep, key), mean_return
+
+        _, returns = jax.lax.scan(update, (params, opt_state, env_state, timestep, key),
+                                  length=num_updates)
+        return returns
+
+    return train
