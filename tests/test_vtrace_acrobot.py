@@ -4,8 +4,9 @@
 With the old defaults (no PopArt) the shared torso's features grew to fit values near -100,
 the policy became deterministic within 200 updates and every episode ran to the 500-step time
 limit: this test's run ended at -500.0 (checked against main's agent code). With PopArt it
-first succeeds near 450K steps and is near -100 by 600K (3 seeds: docs/vtrace.md), at the
-runner's default batch of 32 x 16 (with the old 256 x 20, 200 updates by 1M were too few)."""
+first succeeds near 450K steps and is near -100 by 600K (3 seeds: docs/journal/2026-11-26.md,
+"V-trace before and after PopArt"), at the runner's default batch of 32 x 16 (with the old
+256 x 20, 200 updates by 1M were too few)."""
 
 import anakin
 from experiments.configs import vtrace_catch
