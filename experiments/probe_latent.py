@@ -20,7 +20,7 @@ each run (with `env.frame_stack`, the player is read from the newest frame):
 
 A latent the row cannot be read from leaves the value flat over the rows, so the search sees
 no reason to move up: EfficientZero's consistency loss does this on Freeway
-(docs/results.md, "2026-11-29, after the last").
+(docs/journal/2026-11-29.md, "after the last").
 """
 
 from __future__ import annotations
