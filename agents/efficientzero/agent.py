@@ -33,6 +33,7 @@ from agents.efficientzero.networks import (
 from agents.efficientzero.search import run_search
 from agents.hparams import replace_hparams
 from agents.muzero.agent import INTRODUCED as MUZERO_INTRODUCED
+from agents.muzero.agent import choices  # MuZero's network and widths, and its frames
 from agents.muzero.learning import LearnerState
 from podracer import optim
 from podracer.agent import Agent
@@ -44,8 +45,8 @@ LOSS_HPARAMS = muzero.LOSS_HPARAMS + ("consistency_cost",)
 SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
 METRIC_NAMES = muzero.METRIC_NAMES + ("consistency_loss", "td_steps")
 # Fields added since the first release, with the value that behaves as the code did before
-# (`Agent.introduced`): MuZero's (inherited), and without the warm-up the full cost from the
-# first update; with the loss reaching h, the reference's single unroll.
+# (registered as `introduced`): MuZero's (inherited), and without the warm-up the full cost
+# from the first update; with the loss reaching h, the reference's single unroll.
 INTRODUCED = MappingProxyType({**MUZERO_INTRODUCED, "consistency_to_representation": True,
                                "consistency_warmup_updates": 0})
 
@@ -249,6 +250,4 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_params=actor_params,
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
-        chosen=muzero.chosen(config, env_spec),
-        introduced=INTRODUCED,
     )
