@@ -166,10 +166,10 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
     """Raises `ResumeError` listing every way in which this run differs from the one that
     saved `metadata`, unless each difference is allowed; returns the opted-in changes.
 
-    `introduced` ({dotted field: value}, `introduced_fields`) names fields added
-    to the code since runs were made without them, each with the value that behaves as the
-    code did before: a checkpoint whose config lacks the field is the same run when this run
-    holds that value."""
+    `introduced` ({dotted field: value}, `introduced_fields`) names fields added to the code
+    since runs were made without them, each with the value that behaves as the code did
+    before: a checkpoint whose config lacks the field is the same run when this run holds that
+    value."""
     step = metadata.get("updates", "?")
     shape_lines, shape_fields = [], []
     for name, value in run_shape.items():
