@@ -1,9 +1,9 @@
 """Agents: one sub-package each, pure functions behind `podracer.agent.Agent`.
 
 `make(config, env_spec)` builds the agent named by `config.name`; runners use only this, and
-`choices` and `introduced` for what a run records and checks on resume. Every
-agent is registered with `register` — the built-in ones below, a researcher's own from their
-script or notebook — and is then selected like any other, `config.agent = <default_config>()`.
+`choices` and `introduced` for what a run records and checks on resume. Every agent is
+registered with `register` — the built-in ones below, a researcher's own from their script or
+notebook — and is then selected like any other, `config.agent = <default_config>()`.
 """
 
 from __future__ import annotations
