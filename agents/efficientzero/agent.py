@@ -33,7 +33,6 @@ from agents.efficientzero.networks import (
 from agents.efficientzero.search import run_search
 from agents.hparams import replace_hparams
 from agents.muzero.agent import INTRODUCED as MUZERO_INTRODUCED
-from agents.muzero.agent import choices  # MuZero's network and widths, and its frames
 from agents.muzero.learning import LearnerState
 from podracer import optim
 from podracer.agent import Agent
@@ -215,6 +214,11 @@ def learn_config(config: ml_collections.ConfigDict) -> learning.LearnConfig:
         augment_draws=config.augment_draws, unroll_gradient_scale=config.unroll_gradient_scale,
         refresh_interval=config.refresh_interval, refresh_batch=config.refresh_batch,
         rollout_length=config.rollout_length)
+
+
+# What the agent chose for its fields left to it (registered as `choices`): MuZero's network,
+# widths and whether frames are stored once.
+choices = muzero.choices
 
 
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
