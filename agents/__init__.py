@@ -1,8 +1,9 @@
 """Agents: one sub-package each, pure functions behind `podracer.agent.Agent`.
 
-`make(config, env_spec)` builds the agent named by `config.name`; runners use only this. Every
-agent is registered with `register` — the built-in ones below, a researcher's own from their
-script or notebook — and is then selected like any other, `config.agent = <default_config>()`.
+`make(config, env_spec)` builds the agent named by `config.name`; runners use only this, and
+`choices` and `introduced` for what a run records and checks on resume. Every agent is
+registered with `register` — the built-in ones below, a researcher's own from their script or
+notebook — and is then selected like any other, `config.agent = <default_config>()`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import ml_collections
@@ -21,6 +23,7 @@ from podracer.config import ConfigError
 from podracer.types import DiscreteSpec, EnvSpec
 
 MakeAgent = Callable[[ml_collections.ConfigDict, EnvSpec], Agent]
+Choices = Callable[[ml_collections.ConfigDict, EnvSpec], Mapping[str, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +31,8 @@ class _Registration:
     make_agent: MakeAgent
     default_config: Callable[[], ml_collections.ConfigDict]
     continuous_actions: bool
+    choices: Choices | None
+    introduced: Callable[[], Mapping[str, Any]]  # read when first needed (built-ins: lazily)
     serial: int  # distinct for every registration, so a replaced one is told apart
 
 
@@ -37,12 +42,21 @@ _SERIALS = itertools.count(1)
 
 def register(name: str, make_agent: MakeAgent, *,
              default_config: Callable[[], ml_collections.ConfigDict],
-             continuous_actions: bool = False, replace: bool = False) -> None:
+             continuous_actions: bool = False, choices: Choices | None = None,
+             introduced: Mapping[str, Any] | None = None, replace: bool = False) -> None:
     """Makes agent `name` available to both runners: `make_agent(config, env_spec)` builds it
     (a `podracer.Agent`), `default_config()` returns its `ConfigDict` with `name` set to
     `name`, and `continuous_actions` says whether it also acts in environments with continuous
     actions of shape [D]. A name registered already is refused unless `replace=True` (a
-    notebook cell that defines and registers an agent can then be rerun after an edit)."""
+    notebook cell that defines and registers an agent can then be rerun after an edit).
+
+    Two optional declarations keep a run's workdir resumable as the agent changes:
+    `choices(config, env_spec) -> {field: value}` says what the agent chose for the config
+    fields it was left to choose ("auto", or None for its default), which runs record in
+    config.json in their place; `introduced` ({field: value}) names config fields added to
+    the agent after runs were made without them, each with the value under which the agent
+    behaves as it did before, so that such a run resumes at that value and is refused, naming
+    the value to pass, at any other."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"An agent's name must be a non-empty string, got {name!r}.")
     if name in _REGISTRY and not replace:
@@ -51,20 +65,39 @@ def register(name: str, make_agent: MakeAgent, *,
     if not callable(make_agent) or not callable(default_config):
         raise TypeError("register takes make_agent(config, env_spec) -> Agent and "
                         "default_config() -> ConfigDict, both callables.")
+    if choices is not None and not callable(choices):
+        raise TypeError("register's choices is a function (config, env_spec) -> {field: "
+                        f"value}} (or None), got {choices!r}.")
+    if introduced is not None and not isinstance(introduced, Mapping):
+        raise TypeError("register's introduced is a mapping {field: value} (or None), got "
+                        f"{introduced!r}.")
+    fields = MappingProxyType(dict(introduced or {}))
+    _register(name, make_agent, default_config, continuous_actions, choices, lambda: fields)
+
+
+def _register(name: str, make_agent: MakeAgent,
+              default_config: Callable[[], ml_collections.ConfigDict], continuous_actions: bool,
+              choices: Choices | None, introduced: Callable[[], Mapping[str, Any]]) -> None:
     _REGISTRY[name] = _Registration(make_agent, default_config, bool(continuous_actions),
-                                    next(_SERIALS))
+                                    choices, introduced, next(_SERIALS))
 
 
 def _builtin(name: str, module: str, *, continuous_actions: bool = False) -> None:
-    # Imported when first used, so that `import agents` stays cheap.
+    # The module (its make_agent, default_config, choices and INTRODUCED) is imported when
+    # first used, so that `import agents` stays cheap.
     def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         return importlib.import_module(module).make_agent(config, env_spec)
 
     def default_config() -> ml_collections.ConfigDict:
         return importlib.import_module(module).default_config()
 
-    register(name, make_agent, default_config=default_config,
-             continuous_actions=continuous_actions)
+    def choices(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Mapping[str, Any]:
+        return importlib.import_module(module).choices(config, env_spec)
+
+    def introduced() -> Mapping[str, Any]:
+        return importlib.import_module(module).INTRODUCED
+
+    _register(name, make_agent, default_config, continuous_actions, choices, introduced)
 
 
 _builtin("vtrace", "agents.vtrace")
@@ -129,5 +162,25 @@ def make(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     return _REGISTRY[config.name].make_agent(config, env_spec)
 
 
-__all__ = ["MakeAgent", "accepts_continuous_actions", "check_action_spec", "continuous_agents",
-           "default_config", "make", "register", "registered", "registration_id"]
+def choices(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict[str, Any]:
+    """What agent `config.name` chose for `env_spec` for its config fields left to it ("auto",
+    or None), {field: value}, as declared by its registration (`register(choices=...)`); {}
+    when it declares none. Runs record these in config.json in place of "auto"."""
+    if config.name not in _REGISTRY:
+        raise KeyError(f"Unknown agent {config.name!r}. Registered agents: {registered()}.")
+    declared = _REGISTRY[config.name].choices
+    return {} if declared is None else dict(declared(config, env_spec))
+
+
+def introduced(name: str) -> dict[str, Any]:
+    """The config fields agent `name` gained after runs were made without them, each with the
+    value under which it behaves as before, {field: value}, as declared by its registration
+    (`register(introduced=...)`); {} when it declares none."""
+    if name not in _REGISTRY:
+        raise KeyError(f"Unknown agent {name!r}. Registered agents: {registered()}.")
+    return dict(_REGISTRY[name].introduced())
+
+
+__all__ = ["Choices", "MakeAgent", "accepts_continuous_actions", "check_action_spec", "choices",
+           "continuous_agents", "default_config", "introduced", "make", "register", "registered",
+           "registration_id"]

@@ -46,9 +46,9 @@ def mlp_hidden_sizes(hidden_sizes, spec: EnvSpec) -> tuple[int, ...]:
 
 
 def chosen_fields(torso: str, hidden_sizes, spec: EnvSpec) -> dict:
-    """`Agent.chosen` of V-trace and PPO, the parts they share: the torso "auto" chose, and
-    the MLP's layer sizes when `agent.hidden_sizes` is left None (they shape only the MLP
-    torso)."""
+    """What V-trace and PPO chose (their `choices`), the parts they share: the torso "auto"
+    chose, and the MLP's layer sizes when `agent.hidden_sizes` is left None (they shape only
+    the MLP torso)."""
     fields: dict = {"torso": torso}
     if torso == "mlp" and hidden_sizes is None:
         fields["hidden_sizes"] = list(mlp_hidden_sizes(None, spec))

@@ -10,10 +10,12 @@ from typing import Any
 import jax
 import ml_collections
 
+import agents
 import envs_jax
 from anakin.config import Run, check, option, sweep_runs
 from podracer import metrics as metrics_lib
-from podracer.agent import Agent, recorded_config
+from podracer.agent import Agent
+from podracer.workdir import recorded_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +71,8 @@ def make_plan(config: ml_collections.ConfigDict, num_available_devices: int) -> 
     runs = sweep_runs(config)
     steps_per_chunk = config.updates_per_chunk * config.rollout_length * config.num_envs
     return RunPlan(
-        config=recorded_config(metrics_lib.config_to_dict(config), checked.agent),
+        config=recorded_config(metrics_lib.config_to_dict(config),
+                               agents.choices(config.agent, checked.env.spec())),
         agent_name=config.agent.name,
         env_name=config.env.name,
         env=checked.env,

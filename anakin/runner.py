@@ -64,7 +64,7 @@ from anakin.programs import (
 from podracer import distributed, faults, replication
 from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
-from podracer.agent import Agent, introduced_fields, parameter_count
+from podracer.agent import Agent, parameter_count
 from podracer.checkpoint import Preemption, Snapshot, snapshot, state_layout
 from podracer.session import RunSession, TrainResult, eval_key, print_end_of_run
 
@@ -105,7 +105,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             config=plan.config, resumable=RESUMABLE_CHANGES,
             layout=state_layout(jax.eval_shape(programs.init_fn, *init_args)),
             run_shape={"num_devices": plan.num_devices, "num_runs": plan.num_runs},
-            introduced=introduced_fields(plan.agent))
+            introduced=workdir_lib.introduced_fields(agents.introduced(plan.agent_name)))
         state = programs.init_fn(*init_args)
         chunk_fn = _compile(programs, plan, state, checkpoints=session.checkpoint_dir is not None)
         compile_seconds = time.perf_counter() - started

@@ -51,7 +51,7 @@ def trained_network(agent_config: ml_collections.ConfigDict, env_spec: EnvSpec,
     """MuZero's network (h, g and f) of a run of `agent_config` with saved `params` (MuZero's,
     or EfficientZero's "muzero" subtree); `agent_config.network` is set to the kind built."""
     if agent_config.network == "auto":
-        # Runs record what "auto" chose (`Agent.chosen`) since 2026-11-27; older ones hold
+        # Runs record what "auto" chose (the agent's registered `choices`); older ones hold
         # "auto", and MinAtar's boards then got the MLP. The saved parameters say which.
         agent_config.network = ("conv_mlp" if "repr_conv" in params else
                                 resolve_network("auto", env_spec).replace("conv_mlp", "mlp"))

@@ -9,8 +9,6 @@ learner devices. docs/architecture.md describes the interface and how both runne
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -85,7 +83,9 @@ class Agent(NamedTuple):
     """The three pure functions of docs/architecture.md plus small accessors.
 
     `set_hparams` and `sweepable` are optional: an agent without them can still be swept over
-    seeds, but not over hyperparameters.
+    seeds, but not over hyperparameters. What a run records and checks on resume beyond the
+    config (the agent's choices for fields left to it, fields added after runs were made
+    without them) is declared where the agent is registered (`agents.register`).
     """
 
     init: InitFn
@@ -95,29 +95,6 @@ class Agent(NamedTuple):
     actor_params: ActorParamsFn
     set_hparams: SetHparamsFn | None = None
     sweepable: tuple[str, ...] = ()  # the agent config fields `set_hparams` accepts
-    # What the agent chose for config fields it was left to choose ("auto"), {field: value}.
-    # Runs record these values in place of "auto", so that a later version of the code whose
-    # "auto" chooses otherwise still resumes the run as it was (or says which field differs).
-    chosen: Mapping[str, Any] = MappingProxyType({})
-    # Config fields added to the agent after runs were made without them, {field: value}, each
-    # with the value under which the agent behaves as it did before the field existed. A
-    # checkpoint whose config lacks such a field resumes when this run's value is that one, and
-    # is otherwise refused with the value to pass (`podracer.workdir.check_compatible`).
-    introduced: Mapping[str, Any] = MappingProxyType({})
-
-
-def recorded_config(config: dict[str, Any], agent: Agent) -> dict[str, Any]:
-    """`config` (plain data) with the agent's own choices (`Agent.chosen`) in place of
-    "auto": what a run records in config.json and compares on resume."""
-    if not agent.chosen:
-        return config
-    return {**config, "agent": {**config.get("agent", {}), **agent.chosen}}
-
-
-def introduced_fields(agent: Agent) -> dict[str, Any]:
-    """`Agent.introduced` under the config's dotted names ("agent.<field>"), as a runner
-    passes it to the resume check."""
-    return {f"agent.{field}": value for field, value in agent.introduced.items()}
 
 
 def parameter_count(agent: Agent, env_spec: EnvSpec) -> int:

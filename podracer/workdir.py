@@ -142,6 +142,22 @@ class ResumePoint:
     unreadable: tuple[int, ...]  # newer steps whose metadata could not be read (corrupt)
 
 
+def recorded_config(config: dict[str, Any], choices: Mapping[str, Any]) -> dict[str, Any]:
+    """`config` (plain data) with `choices`, what the agent chose for its fields left to it
+    ("auto", or None), in their place: what a run records in config.json and compares on
+    resume, so that a later version of the code whose "auto" chooses otherwise still resumes
+    the run as it was (or says which field differs)."""
+    if not choices:
+        return config
+    return {**config, "agent": {**config.get("agent", {}), **choices}}
+
+
+def introduced_fields(introduced: Mapping[str, Any]) -> dict[str, Any]:
+    """The agent's introduced fields ({field: value}, declared at its registration) under the
+    config's dotted names ("agent.<field>"), as `check_compatible` takes them."""
+    return {f"agent.{field}": value for field, value in introduced.items()}
+
+
 def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[str, Any],
                      layout: list[list[Any]], run_shape: dict[str, Any],
                      resumable: Sequence[str] = RESUMABLE_CHANGES,
@@ -150,10 +166,10 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
     """Raises `ResumeError` listing every way in which this run differs from the one that
     saved `metadata`, unless each difference is allowed; returns the opted-in changes.
 
-    `introduced` ({dotted field: value}, `podracer.agent.introduced_fields`) names fields added
-    to the code since runs were made without them, each with the value that behaves as the
-    code did before: a checkpoint whose config lacks the field is the same run when this run
-    holds that value."""
+    `introduced` ({dotted field: value}, `introduced_fields`) names fields added to the code
+    since runs were made without them, each with the value that behaves as the code did
+    before: a checkpoint whose config lacks the field is the same run when this run holds that
+    value."""
     step = metadata.get("updates", "?")
     shape_lines, shape_fields = [], []
     for name, value in run_shape.items():
@@ -164,7 +180,7 @@ def check_compatible(metadata: dict[str, Any], *, directory: str, config: dict[s
     layout_lines = _layout_differences(saved_layout, layout) if saved_layout else []
     allow = allowed_changes(config)
     differences = config_differences(metadata.get("config", {}), config, ignore=resumable)
-    # Checkpoints made before runs recorded the agent's own choices (`Agent.chosen`) hold
+    # Checkpoints made before runs recorded the agent's own choices (`recorded_config`) hold
     # "auto" (or None, a width left to the agent) where this run holds what the agent chose:
     # the same run when every array agrees.
     saved_fields = _flatten(metadata.get("config", {}))
@@ -356,4 +372,5 @@ def _remove_records(run_dir: str | None) -> None:
 
 __all__ = ["ALLOW_CHANGES_FIELD", "RESUMABLE_CHANGES", "Records", "ResumeError", "ResumePoint",
            "WorkdirError", "allowed_changes", "check_compatible", "check_writable",
-           "config_differences", "find_resume_point", "restore", "state_layout"]
+           "config_differences", "find_resume_point", "introduced_fields", "recorded_config",
+           "restore", "state_layout"]

@@ -13,8 +13,9 @@ import ml_collections
 
 import agents
 from podracer import metrics as metrics_lib
-from podracer.agent import Agent, recorded_config
+from podracer.agent import Agent
 from podracer.config import run_option
+from podracer.workdir import recorded_config
 from sebulba.config import Environment, Topology, validate
 
 
@@ -100,7 +101,8 @@ def make_plan(config: ml_collections.ConfigDict) -> SebulbaPlan:
     steps_per_update = (num_processes * topology.num_actor_threads
                         * config.envs_per_actor_thread * config.rollout_length)
     return SebulbaPlan(
-        config=recorded_config(metrics_lib.config_to_dict(config), agent),
+        config=recorded_config(metrics_lib.config_to_dict(config),
+                               agents.choices(config.agent, env.spec)),
         seed=config.seed,
         topology=topology,
         actor_devices=tuple(local[i] for i in topology.actor_device_ids),

@@ -83,10 +83,11 @@ import jax
 import ml_collections
 import numpy as np
 
+import agents
 from podracer import distributed, replication
 from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
-from podracer.agent import introduced_fields, parameter_count
+from podracer.agent import parameter_count
 from podracer.checkpoint import Preemption, state_layout
 from podracer.session import EVAL_STREAM, RunSession, TrainResult, print_end_of_run
 from sebulba import host_env
@@ -240,7 +241,7 @@ def _resume_args(plan: SebulbaPlan, mesh: jax.sharding.Mesh, keys: _Keys) -> dic
                                                     keys.params, keys.learner)),
             "run_shape": {"num_processes": plan.num_processes,
                           "num_learner_devices": int(mesh.devices.size)},
-            "introduced": introduced_fields(plan.agent)}
+            "introduced": workdir_lib.introduced_fields(agents.introduced(plan.agent_name))}
 
 
 def _init_learner(plan: SebulbaPlan, mesh: jax.sharding.Mesh,

@@ -107,14 +107,14 @@ def test_ppo_activation_and_sizes_set_by_hand_apply_to_boards_too():
 def test_the_agents_report_what_they_chose_for_fields_left_to_them(spec, chosen_vtrace,
                                                                   chosen_ppo):
     # Runs record these in config.json in place of "auto" and None (tests/test_workdir.py).
-    assert agents.make(agents.default_config("vtrace"), spec).chosen == chosen_vtrace
-    assert agents.make(agents.default_config("ppo"), spec).chosen == chosen_ppo
+    assert agents.choices(agents.default_config("vtrace"), spec) == chosen_vtrace
+    assert agents.choices(agents.default_config("ppo"), spec) == chosen_ppo
     # Set by hand, a field is the config's own: nothing to report. The conv torso reads no
     # MLP sizes or activation.
     config = agents.default_config("ppo")
     config.hidden_sizes, config.activation = (32,), "tanh"
-    assert agents.make(config, spec).chosen == {"torso": "mlp"}
+    assert agents.choices(config, spec) == {"torso": "mlp"}
     config = agents.default_config("vtrace")
     config.torso, config.logit_scale = "conv", 1.0
-    assert agents.make(config, EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8),
-                                       action=DiscreteSpec(6))).chosen == {"torso": "conv"}
+    assert agents.choices(config, EnvSpec(observation=ArraySpec((84, 84, 4), np.uint8),
+                                          action=DiscreteSpec(6))) == {"torso": "conv"}

@@ -1,7 +1,8 @@
 """How the agents are split: the library modules (learning, search, targets, losses, ...) take
 explicit arguments or a frozen typed config and never see the agent's `ConfigDict`, which only
 the assembling modules (`agent.py`, the `make_network` builders, the registry) read; and the
-agents import `podracer`, never a runner or the experiments."""
+agents import `podracer`, never a runner or the experiments, and `podracer` imports none of
+them."""
 
 import ast
 import dataclasses
@@ -47,6 +48,14 @@ def test_library_modules_never_see_a_config_dict(path):
 def test_agents_import_no_runner_nor_experiment(path):
     roots = {name.split(".")[0] for name in _imports(path)}
     assert not roots & {"anakin", "sebulba", "experiments"}, roots
+
+
+@pytest.mark.parametrize("path", sorted((AGENTS.parent / "podracer").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(AGENTS.parent)))
+def test_podracer_imports_no_agent_runner_nor_experiment(path):
+    # Dependencies point one way: experiments -> anakin | sebulba -> agents -> podracer.
+    roots = {name.split(".")[0] for name in _imports(path)}
+    assert not roots & {"agents", "anakin", "sebulba", "experiments"}, roots
 
 
 def test_typed_configs_are_built_from_the_config_and_frozen():

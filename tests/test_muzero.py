@@ -422,17 +422,17 @@ def test_auto_reads_small_boards_with_one_convolution_and_atari_frames_with_the_
     # Widths left None are reported with what they became (128 for boards read flattened,
     # 64 otherwise; test_default_mlp_width_follows_the_observations checks the layers).
     # So is whether "auto" stores stacked frames once (uint8 images only).
-    assert agents.make(config, minatar).chosen == {
+    assert agents.choices(config, minatar) == {
         "network": "conv_mlp", "hidden_sizes": [128], "latent_size": 128,
         "store_frames_once": "off"}
-    assert agents.make(config, SPEC).chosen == {
+    assert agents.choices(config, SPEC) == {
         "network": "mlp", "hidden_sizes": [64], "latent_size": 64, "store_frames_once": "off"}
     # The residual network's latent is planes: no latent width to report.
-    assert agents.make(config, atari).chosen == {
+    assert agents.choices(config, atari) == {
         "network": "resnet", "hidden_sizes": [64], "store_frames_once": "on"}
     # Values set by hand are the config's own: nothing to report for them.
     config.hidden_sizes, config.latent_size, config.store_frames_once = (32,), 16, "off"
-    assert agents.make(config, minatar).chosen == {"network": "conv_mlp"}
+    assert agents.choices(config, minatar) == {"network": "conv_mlp"}
 
 
 @pytest.mark.parametrize("agent", ["muzero", "efficientzero"])

@@ -2,13 +2,16 @@
 
 `agents.register` makes an agent selectable exactly as a built-in one (`config.agent =
 <default_config>()`) under both runners; a name registered twice is refused unless
-`replace=True`; and a replaced agent or environment is never served by a program compiled for
-the one it replaced (the notebook's edit-and-rerun loop).
+`replace=True`; a replaced agent or environment is never served by a program compiled for
+the one it replaced (the notebook's edit-and-rerun loop); and the resume declarations made at
+registration (`choices=`, `introduced=`) decide what a run records and which workdirs resume.
 """
+
+import copy
 
 import jax
 import pytest
-from conftest import small_catch_config
+from conftest import small_catch_config, strip_agent_field
 
 import agents
 import anakin
@@ -221,3 +224,93 @@ def test_a_registered_agent_runs_multi_process_from_the_researchers_own_module(t
         assert f"process {process} of 2: 4 devices, 40 updates" in output, output[-3000:]
     with open(os.path.join(workdir, "config.json")) as f:
         assert json.load(f)["agent"]["name"] == "my_vtrace"
+
+
+def test_the_agent_interface_holds_the_agents_functions_only():
+    # What a run records and checks on resume is declared at registration, not on the Agent.
+    from podracer import Agent
+
+    assert Agent._fields == ("init", "actor_step", "learner_step", "init_actor_state",
+                             "actor_params", "set_hparams", "sweepable")
+
+
+def _evolving_config():
+    """V-trace with two fields of the researcher's own: `width`, left to the agent ("auto"),
+    and `gain`, added after runs were made without it (1.0 acts as the agent did before)."""
+    config = vtrace.default_config()
+    config.name = "evolving"
+    config.width = "auto"
+    config.gain = 1.0
+    return config
+
+
+def _evolving_make_agent(config, env_spec):
+    resolved = copy.deepcopy(config)
+    resolved.hidden_sizes = (_evolving_choices(config, env_spec).get("width", config.width),)
+    resolved.learning_rate = config.learning_rate * config.gain
+    return vtrace.make_agent(resolved, env_spec)
+
+
+def _evolving_choices(config, env_spec):
+    return {"width": 32} if config.width == "auto" else {}
+
+
+@pytest.fixture
+def evolving_agent():
+    agents.register("evolving", _evolving_make_agent, default_config=_evolving_config,
+                    choices=_evolving_choices, introduced={"gain": 1.0}, replace=True)
+    yield
+    agents._REGISTRY.pop("evolving", None)
+
+
+def test_a_registered_agents_declarations_decide_what_is_recorded_and_resumed(evolving_agent,
+                                                                             tmp_path):
+    """A researcher's agent registered with `choices=` and `introduced=` resumes as a built-in
+    one: its choices are recorded in place of "auto", and a workdir made before one of its
+    fields existed resumes at the declared value and is refused at any other, naming it."""
+    import json
+    import shutil
+
+    from podracer.workdir import ResumeError
+
+    assert agents.choices(_evolving_config(), envs_jax.Catch().spec()) == {"width": 32}
+    assert agents.introduced("evolving") == {"gain": 1.0}
+    config = small_catch_config()
+    config.agent = _evolving_config()
+    half = small_catch_config(total_env_steps=config.total_env_steps // 2)
+    half.agent = _evolving_config()
+    workdir = str(tmp_path / "run")
+    anakin.train(half, workdir)
+    with open(f"{workdir}/config.json") as f:
+        assert json.load(f)["agent"]["width"] == 32  # the choice, in place of "auto"
+    # As if made by the agent's code before `gain` existed.
+    strip_agent_field(workdir, "gain")
+    other = str(tmp_path / "other")
+    shutil.copytree(workdir, other)
+    config.agent.gain = 2.0
+    with pytest.raises(ResumeError) as info:
+        anakin.train(config, other)
+    assert "To resume it as it ran, pass --config.agent.gain=1.0." in str(info.value)
+    config.agent.gain = 1.0
+    resumed = anakin.train(config, workdir)
+    assert resumed.resumed_from_updates == 2 * config.updates_per_chunk
+
+
+def test_sebulba_records_a_registered_agents_choices_in_place_of_auto(evolving_agent):
+    from sebulba.plan import make_plan
+
+    config = sebulba_vtrace_cartpole.get_config()
+    config.agent = _evolving_config()
+    plan = make_plan(config)
+    assert plan.config["agent"]["width"] == 32 and plan.config["agent"]["gain"] == 1.0
+
+
+def test_an_agent_registered_without_declarations_declares_nothing(my_agent):
+    assert agents.choices(_my_config(), envs_jax.Catch().spec()) == {}
+    assert agents.introduced("my_vtrace") == {}
+    with pytest.raises(TypeError, match="choices is a function"):
+        agents.register("my_vtrace", _my_make_agent, default_config=_my_config,
+                        choices={"width": 32}, replace=True)
+    with pytest.raises(TypeError, match="introduced is a mapping"):
+        agents.register("my_vtrace", _my_make_agent, default_config=_my_config,
+                        introduced=[("gain", 1.0)], replace=True)

@@ -253,8 +253,8 @@ def test_a_checkpoint_made_with_another_config_is_not_resumed(preempted):
 
 def test_a_checkpoint_from_before_a_declared_field_resumes_at_its_older_value(preempted,
                                                                            tmp_path):
-    # MuZero declares reward_scale=1.0 (`Agent.introduced`): a workdir made before the field
-    # existed resumes with it, and another value is refused naming the one to pass.
+    # MuZero's registration declares reward_scale=1.0 (`introduced`): a workdir made before
+    # the field existed resumes with it, and another value is refused naming the one to pass.
     config, workdir, result = preempted
     copy = str(tmp_path / "copy")
     shutil.copytree(workdir, copy)

@@ -210,7 +210,8 @@ def test_a_field_added_since_the_checkpoint_resumes_only_when_named():
 
 
 def test_a_field_the_checkpoint_predates_resumes_at_the_value_the_agent_declares():
-    # `Agent.introduced`: the value under which the agent behaves as before the field existed.
+    # Declared at registration (`introduced`): the value under which the agent behaves as
+    # before the field existed.
     introduced = {"agent.average_first": False}
 
     def check(saved, current, allow=()):
@@ -244,7 +245,7 @@ def test_a_field_the_checkpoint_predates_resumes_at_the_value_the_agent_declares
 def test_each_declared_older_value_names_a_field_the_agent_builds_with(name):
     # A misspelt declaration would never match a field, and an invalid value would not build.
     spec = EnvSpec(observation=ArraySpec((5,), np.float32), action=DiscreteSpec(3))
-    declared = dict(agents.make(agents.default_config(name), spec).introduced)
+    declared = agents.introduced(name)
     config = agents.default_config(name)
     for field, value in declared.items():
         assert field in config, field

@@ -5,11 +5,13 @@ Static settings are explicit arguments or the frozen `LearnConfig`, which `learn
 builds from the agent's config."""
 
 from agents.efficientzero.agent import (
+    INTRODUCED,
     LOSS_HPARAMS,
     METRIC_NAMES,
     OPTIMIZER_HPARAMS,
     OWN_SETTINGS,
     SWEEPABLE,
+    choices,
     default_config,
     from_muzero,
     learn_config,
@@ -45,6 +47,7 @@ from agents.efficientzero.search import make_recurrent_fn, root_output, run_sear
 from agents.muzero.agent import temperature_at  # the schedule EfficientZero's reference uses
 
 __all__ = [
+    "INTRODUCED",
     "LOSS_HPARAMS",
     "METRIC_NAMES",
     "OPTIMIZER_HPARAMS",
@@ -54,6 +57,7 @@ __all__ = [
     "LearnConfig",
     "augment",
     "augment_unroll",
+    "choices",
     "consistency_loss",
     "consistency_weight",
     "default_config",

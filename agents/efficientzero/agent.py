@@ -44,8 +44,8 @@ LOSS_HPARAMS = muzero.LOSS_HPARAMS + ("consistency_cost",)
 SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
 METRIC_NAMES = muzero.METRIC_NAMES + ("consistency_loss", "td_steps")
 # Fields added since the first release, with the value that behaves as the code did before
-# (`Agent.introduced`): MuZero's (inherited), and without the warm-up the full cost from the
-# first update; with the loss reaching h, the reference's single unroll.
+# (registered as `introduced`): MuZero's (inherited), and without the warm-up the full cost
+# from the first update; with the loss reaching h, the reference's single unroll.
 INTRODUCED = MappingProxyType({**MUZERO_INTRODUCED, "consistency_to_representation": True,
                                "consistency_warmup_updates": 0})
 
@@ -206,6 +206,11 @@ def learn_config(config: ml_collections.ConfigDict) -> learning.LearnConfig:
         rollout_length=config.rollout_length)
 
 
+# What the agent chose for its fields left to it (registered as `choices`): MuZero's network,
+# widths and whether frames are stored once.
+choices = muzero.choices
+
+
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     """Builds the EfficientZero agent for environments with one discrete action per step:
     its search and `learning.py`'s functions bound to the network, optimiser, replay and
@@ -239,6 +244,4 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_params=actor_params,
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
-        chosen=muzero.chosen(config, env_spec),
-        introduced=INTRODUCED,
     )

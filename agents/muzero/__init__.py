@@ -11,9 +11,10 @@ from agents.muzero.agent import (
     LOSS_HPARAMS,
     METRIC_NAMES,
     OPTIMIZER_HPARAMS,
+    INTRODUCED,
     SWEEPABLE,
     check_choices,
-    chosen,
+    choices,
     default_config,
     init_learner_state,
     learn_config,
@@ -69,6 +70,7 @@ from agents.muzero.targets import (
 )
 
 __all__ = [
+    "INTRODUCED",
     "LOSS_HPARAMS",
     "METRIC_NAMES",
     "OPTIMIZER_HPARAMS",
@@ -88,7 +90,7 @@ __all__ = [
     "bootstrap_indices",
     "check_choices",
     "check_trajectory",
-    "chosen",
+    "choices",
     "default_config",
     "frame_stack",
     "importance_exponent",

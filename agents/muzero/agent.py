@@ -45,10 +45,10 @@ METRIC_NAMES = ("loss", "value_loss", "policy_loss", "reward_loss", "grad_norm",
 
 
 # Fields added since the first release, each with the value under which the code behaves as it
-# did before the field existed (`Agent.introduced`): checkpoints made without the field resume
-# at that value. Each value was read off the diff that added the field: None bins are the old
-# 2S + 1; without the terminal head the loss adds 0 and the search's discount is unchanged; a
-# gradient share of 1 is the full gradient; rewards times 1.0 are unchanged.
+# did before the field existed (registered as `introduced`): checkpoints made without the field
+# resume at that value. Each value was read off the diff that added the field: None bins are
+# the old 2S + 1; without the terminal head the loss adds 0 and the search's discount is
+# unchanged; a gradient share of 1 is the full gradient; rewards times 1.0 are unchanged.
 INTRODUCED = MappingProxyType({"support_bins": None, "terminal_head": False,
                                "terminal_head_gradient": 1.0, "reward_scale": 1.0})
 
@@ -173,9 +173,10 @@ def stores_frames_once(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> 
     return config.store_frames_once == "on"
 
 
-def chosen(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:
-    """`Agent.chosen` of MuZero and EfficientZero: the network and widths the agent chose
-    (`networks.chosen_fields`), and whether "auto" stores frames once."""
+def choices(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:
+    """What MuZero and EfficientZero chose for their fields left to them (registered as
+    `choices`): the network and widths (`networks.chosen_fields`), and whether "auto" stores
+    frames once."""
     fields = chosen_fields(config, env_spec)
     if config.store_frames_once == "auto":
         fields["store_frames_once"] = "on" if stores_frames_once(config, env_spec) else "off"
@@ -384,6 +385,4 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_params=make_actor_params(config),
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
-        chosen=chosen(config, env_spec),
-        introduced=INTRODUCED,
     )

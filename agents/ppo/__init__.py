@@ -7,9 +7,11 @@ them.
 """
 
 from agents.ppo.agent import (
+    INTRODUCED,
     OFF_POLICY,
     SWEEPABLE,
     LearnerState,
+    choices,
     default_config,
     learn_config,
     make_agent,
@@ -35,6 +37,7 @@ from agents.ppo.losses import (
 from agents.ppo.networks import PPOMLP, PPONetwork, make_network
 
 __all__ = [
+    "INTRODUCED",
     "OFF_POLICY",
     "PPOMLP",
     "SWEEPABLE",
@@ -43,6 +46,7 @@ __all__ = [
     "PPONetwork",
     "SurrogateOutput",
     "actor_step",
+    "choices",
     "clipped_surrogate_loss",
     "default_config",
     "gae_advantages",

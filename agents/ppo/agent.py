@@ -30,6 +30,7 @@ before any update: 0 up to float rounding whenever the data is on-policy for the
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 
 import jax.numpy as jnp
 import ml_collections
@@ -172,8 +173,14 @@ def learn_config(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> learni
         popart_average_first=bool(config.popart_average_first))
 
 
-def chosen(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:
-    """`Agent.chosen`: the torso, and the MLP's sizes and activation the agent chose."""
+# Fields added after runs were made without them, each with the value under which the agent
+# behaves as before (registered as `introduced`).
+INTRODUCED = MappingProxyType({"popart_average_first": False})
+
+
+def choices(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:
+    """What the agent chose for its fields left to it (registered as `choices`): the torso,
+    and the MLP's sizes and activation."""
     torso = networks.resolve_torso(config.torso, env_spec)
     fields = chosen_fields(torso, config.hidden_sizes, env_spec)
     if torso == "mlp" and config.activation is None:
@@ -205,7 +212,4 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_params=lambda learner_state: learner_state.params,
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
-        chosen=chosen(config, env_spec),
-        # Checkpoints from before the field existed ran as with it set to False.
-        introduced={"popart_average_first": False},
     )

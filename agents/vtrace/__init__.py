@@ -5,8 +5,10 @@ Split by role into top-level pure functions: networks (`networks.py`), the loss
 """
 
 from agents.vtrace.agent import (
+    INTRODUCED,
     SWEEPABLE,
     LearnerState,
+    choices,
     default_config,
     make_agent,
     make_optimizer,
@@ -23,6 +25,7 @@ from agents.vtrace.networks import (
 )
 
 __all__ = [
+    "INTRODUCED",
     "SWEEPABLE",
     "ActorCritic",
     "ConvTorso",
@@ -31,6 +34,7 @@ __all__ = [
     "MLPTorso",
     "ResNetTorso",
     "actor_step",
+    "choices",
     "default_config",
     "learner_step",
     "make_agent",

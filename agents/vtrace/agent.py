@@ -5,6 +5,7 @@ learning functions (`learning.py`)."""
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 
 import jax.numpy as jnp
 import ml_collections
@@ -140,8 +141,15 @@ def _init(network, optimizer, loss_hparams, learn: learning.LearnConfig, key,
     return state
 
 
-def chosen(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:
-    """`Agent.chosen`: the torso, the MLP's sizes and the logit scale the agent chose."""
+# Fields added after runs were made without them, each with the value under which the agent
+# behaves as before (registered as `introduced`): those runs stepped PopArt's statistics by beta
+# throughout.
+INTRODUCED = MappingProxyType({"popart_average_first": False})
+
+
+def choices(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:
+    """What the agent chose for its fields left to it (registered as `choices`): the torso,
+    the MLP's sizes and the logit scale."""
     torso = resolve_torso(config.torso, env_spec)
     fields = chosen_fields(torso, config.hidden_sizes, env_spec)
     if config.logit_scale is None:
@@ -168,7 +176,4 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         actor_params=lambda learner_state: learner_state.params,
         set_hparams=set_hparams,
         sweepable=SWEEPABLE,
-        chosen=chosen(config, env_spec),
-        # Runs made before the field existed stepped PopArt's statistics by beta throughout.
-        introduced={"popart_average_first": False},
     )
