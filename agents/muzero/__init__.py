@@ -8,10 +8,10 @@ assembles them.
 """
 
 from agents.muzero.agent import (
+    INTRODUCED,
     LOSS_HPARAMS,
     METRIC_NAMES,
     OPTIMIZER_HPARAMS,
-    INTRODUCED,
     SWEEPABLE,
     check_choices,
     choices,
