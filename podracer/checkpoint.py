@@ -60,8 +60,8 @@ class CorruptCheckpointError(RuntimeError):
 # ---------------------------------------------------------------------------------------------
 # Fingerprints: a CRC-32 of each shard's bytes on the host, keyed by the shard's place in its
 # array, so that a state verifies under any sharding. orbax alone does not catch a flipped byte
-# in the arrays' data: tensorstore checksums only its shard indices, and a changed byte inside
-# zstd-compressed data mostly decompresses to other values.
+# in the arrays' data: tensorstore checksums its index (where it keeps small arrays) but not
+# the data files, where a changed byte mostly reads back as another value.
 
 
 def _leaves(tree: Any) -> list[Any]:
@@ -75,12 +75,12 @@ def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
 
 
-def _crc(x: Any, bounds: tuple[tuple[int, int], ...]) -> int | None:
-    """The CRC-32 of the values of `x` in `bounds` (with their shape and dtype), read from a
-    shard this process holds (or from `x` whole, if it holds all of it); None if it cannot."""
+def _crc(x: Any, shards: list, bounds: tuple[tuple[int, int], ...]) -> int | None:
+    """The CRC-32 of the values of `x` in `bounds` (with their shape and dtype), read from one
+    of its `shards` held here ([(bounds, shard)]) or from `x` whole if this process holds all
+    of it; None if it cannot."""
     data = None
-    for shard in getattr(x, "addressable_shards", ()):
-        held = _bounds(shard.index, x.shape)
+    for held, shard in shards:
         if all(a <= s and t <= b for (a, b), (s, t) in zip(held, bounds)):
             data = np.asarray(shard.data)[tuple(slice(s - a, t - a) for (a, _), (s, t)
                                                 in zip(held, bounds))]
@@ -96,7 +96,10 @@ def _crc(x: Any, bounds: tuple[tuple[int, int], ...]) -> int | None:
 def _crcs(leaves: list[Any], regions: list[list[tuple]]) -> list[int | None]:
     """The CRC-32 of every region of every leaf, each computed by a process that holds it
     (gathered from all processes in a multi-process run; every process must call this)."""
-    crcs = [_crc(x, r) for x, leaf_regions in zip(leaves, regions) for r in leaf_regions]
+    crcs = []
+    for x, leaf_regions in zip(leaves, regions):
+        shards = [(_bounds(s.index, x.shape), s) for s in getattr(x, "addressable_shards", ())]
+        crcs += [_crc(x, shards, r) for r in leaf_regions]
     if jax.process_count() == 1 or not crcs:
         return crcs
     from jax.experimental import multihost_utils
@@ -105,10 +108,6 @@ def _crcs(leaves: list[Any], regions: list[list[tuple]]) -> list[int | None]:
     every = np.asarray(multihost_utils.process_allgather(mine))  # [processes, regions, 2]
     return [int(every[every[:, j, 1].argmax(), j, 0]) if every[:, j, 1].any() else None
             for j in range(len(crcs))]
-
-
-def _key(bounds: tuple[tuple[int, int], ...]) -> str:
-    return ",".join(f"{a}:{b}" for a, b in bounds)
 
 
 def fingerprint(tree: Any) -> list[dict[str, str]]:
@@ -121,7 +120,8 @@ def fingerprint(tree: Any) -> list[dict[str, str]]:
                        .values()}) if isinstance(x, jax.Array)
                else [tuple((0, n) for n in np.shape(x))] for x in leaves]
     crcs = iter(_crcs(leaves, regions))
-    return [{_key(r): f"{next(crcs):08x}" for r in leaf_regions} for leaf_regions in regions]
+    return [{",".join(f"{a}:{b}" for a, b in r): f"{next(crcs):08x}" for r in leaf_regions}
+            for leaf_regions in regions]
 
 
 def _verify(state: Any, recorded: Any, step: int) -> str | None:
@@ -129,8 +129,9 @@ def _verify(state: Any, recorded: Any, step: int) -> str | None:
     checked by a process that holds it whole, under whatever sharding `state` has."""
     leaves = _leaves(state)
     if isinstance(recorded, str) and recorded.split(":")[0] in ("host", "device", "device2"):
-        logging.warning("Checkpoint step %d carries a fingerprint of an older scheme (%.8s...), "
-                        "which is no longer computed: restored unverified.", step, recorded)
+        logging.warning("Checkpoint step %d carries a fingerprint of an older scheme (%s:), "
+                        "which is no longer computed: restored unverified.", step,
+                        recorded.split(":")[0])
         return None
     if not isinstance(recorded, list) or len(recorded) != len(leaves):
         return "the fingerprint does not list the state's leaves"
