@@ -214,6 +214,8 @@ def test_fingerprint_sees_every_bit_and_position():
     # Same bits in another shape or another leaf order are another state.
     assert fingerprint({**tree, "a": tree["a"].reshape(2, 3)}) != fingerprint(tree)
     assert fingerprint([tree["a"], tree["b"]]) != fingerprint([tree["b"], tree["a"]])
+    # A typed key is hashed as its bits.
+    assert fingerprint([jax.random.key(3)]) == fingerprint([tree["k"]])
 
 
 def test_fingerprint_hashes_each_shard_by_its_place(mesh):
