@@ -20,9 +20,12 @@ killed mid-save leaves no half-written step under a step name; leftover temporar
 are removed when the next run opens the directory.
 
 Restoring walks from the newest step to the oldest and takes the first one that loads and
-whose state matches the fingerprint recorded when it was saved. A step that fails (truncated or
-garbled files, missing metadata) is reported and moved to `<directory>.corrupt/` so that the
-run can write that step again and a person can still look at what went wrong.
+whose state matches the fingerprint recorded when it was saved (under any sharding: each shard
+recorded is checked where it is held). A step that fails (truncated or garbled files, a changed
+byte, missing metadata) is reported and moved to `<directory>.corrupt/` so that the run can
+write that step again and a person can still look at what went wrong. Steps saved with an
+older fingerprint (a string: "host:", "device:" or "device2:") restore unverified, with a
+warning.
 
 Multi-process runs call every method in every process, in the same order, over a filesystem
 they all see.
@@ -79,16 +82,14 @@ def _crc(x: Any, shards: list, bounds: tuple[tuple[int, int], ...]) -> int | Non
     """The CRC-32 of the values of `x` in `bounds` (with their shape and dtype), read from one
     of its `shards` held here ([(bounds, shard)]) or from `x` whole if this process holds all
     of it; None if it cannot."""
-    data = None
     for held, shard in shards:
         if all(a <= s and t <= b for (a, b), (s, t) in zip(held, bounds)):
-            data = np.asarray(shard.data)[tuple(slice(s - a, t - a) for (a, _), (s, t)
-                                                in zip(held, bounds))]
+            x, bounds = shard.data, [(s - a, t - a) for (a, _), (s, t) in zip(held, bounds)]
             break
-    if data is None and getattr(x, "is_fully_addressable", True):
-        data = np.asarray(x)[tuple(slice(a, b) for a, b in bounds)]
-    if data is None:
-        return None
+    else:
+        if not getattr(x, "is_fully_addressable", True):
+            return None
+    data = np.asarray(x)[tuple(slice(a, b) for a, b in bounds)]
     crc = zlib.crc32(f"{data.shape}:{data.dtype};".encode())
     return zlib.crc32(np.ascontiguousarray(data).reshape(-1).view(np.uint8), crc)
 
