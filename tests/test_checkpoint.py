@@ -16,7 +16,7 @@ import pytest
 from conftest import garble_arrays
 from jax.sharding import NamedSharding, PartitionSpec
 
-from podracer import checkpoint, replication
+from podracer import replication
 from podracer.checkpoint import (
     Checkpointer,
     Preemption,
