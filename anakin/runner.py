@@ -161,11 +161,11 @@ def _init_args(plan: RunPlan, programs: _Programs) -> list[Any]:
 def _compile(programs: _Programs, plan: RunPlan, state: RunnerState, *,
              checkpoints: bool) -> Callable:
     """The chunk, compiled for `state`; and, so that the first of them does not hold the loop,
-    the checkpoints' copy-and-fingerprint program and the evaluator."""
+    the checkpoints' copy program and the evaluator."""
     if programs.chunk_fn is None:
         programs.chunk_fn = programs.chunk.lower(state).compile()
     if checkpoints:
-        jax.block_until_ready(snapshot(state).digest)
+        jax.block_until_ready(snapshot(state).state)
     if plan.eval_every > 0:
         params = programs.eval_params(state.learner_state)
         keys = np.zeros((plan.num_runs, 2) if plan.sweep else (2,), np.uint32)

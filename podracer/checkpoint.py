@@ -5,24 +5,27 @@ global `jax.Array`s sharded over the devices of several processes included: ever
 writes its own shards) and `meta` (JSON: counters, the config, and a fingerprint of `state`).
 
 Saving never stops the caller to look at the state. `save` (or `snapshot`, ahead of it)
-dispatches one compiled program that copies the state where it lives and reduces every bit of
-it to a 64-bit fingerprint there; both are computed on the devices after the work already
+dispatches one compiled program that copies the state where it lives, after the work already
 queued, and the caller goes on at once (it may donate or overwrite its arrays: the copy is the
 checkpoint's). With `asynchronous=True`, in a single process, a writer thread then waits for
-the copy, fetches the fingerprint (two words) and has orbax write the files; the caller only
-waits if it saves again before the previous save is on disk. In a multi-process run orbax's
-barriers are collectives that every process must enter in the same order as its training
-steps, so the writing is handed to orbax from the calling thread instead, at the `save` call:
-that waits for the copy to be computed and for orbax's copy to host memory, and orbax writes
-the files in the background.
+the copy, fetches it shard by shard to compute its fingerprint (a CRC-32 of each shard's
+bytes) and has orbax write the files; the caller only waits if it saves again before the
+previous save is on disk. In a multi-process run orbax's barriers are collectives that every
+process must enter in the same order as its training steps, so the fingerprint (each process
+hashes the shards it holds; process 0 records them all) and the writing are done from the
+calling thread instead, at the `save` call: that waits for the copy, its hashing and orbax's
+copy to host memory, and orbax writes the files in the background.
 orbax writes a step into a temporary directory and renames it once complete, so a process
 killed mid-save leaves no half-written step under a step name; leftover temporary directories
 are removed when the next run opens the directory.
 
 Restoring walks from the newest step to the oldest and takes the first one that loads and
-whose state matches the fingerprint recorded when it was saved. A step that fails (truncated or
-garbled files, missing metadata) is reported and moved to `<directory>.corrupt/` so that the
-run can write that step again and a person can still look at what went wrong.
+whose state matches the fingerprint recorded when it was saved (under any sharding: each shard
+recorded is checked where it is held). A step that fails (truncated or garbled files, a changed
+byte, missing metadata) is reported and moved to `<directory>.corrupt/` so that the run can
+write that step again and a person can still look at what went wrong. Steps saved with an
+older fingerprint (a string: "host:", "device:" or "device2:") restore unverified, with a
+warning.
 
 Multi-process runs call every method in every process, in the same order, over a filesystem
 they all see.
@@ -34,8 +37,7 @@ polls between compiled calls, so that it can save a checkpoint and exit cleanly.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
+import math
 import os
 import queue
 import shutil
@@ -59,239 +61,118 @@ class CorruptCheckpointError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------
-# Fingerprints: a 64-bit digest of every bit of a pytree, on the host or where it lives.
+# Fingerprints: a CRC-32 of each shard's bytes on the host, keyed by the shard's place in its
+# array, so that a state verifies under any sharding. orbax alone does not catch a flipped byte
+# in the arrays' data: tensorstore checksums its index (where it keeps small arrays) but not
+# the data files, where a changed byte mostly reads back as another value.
 
 
-def _mix(h: jax.Array) -> jax.Array:
-    """murmur3's 32-bit finaliser: every input bit flips about half of the output bits."""
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
+def _leaves(tree: Any) -> list[Any]:
+    """The leaves of `tree`, typed PRNG keys as their bits."""
+    return [jax.random.key_data(x) if isinstance(x, jax.Array)
+            and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+            for x in jax.tree.leaves(tree)]
 
 
-def _word_rows(x: jax.Array, packed: bool) -> tuple[jax.Array, Any]:
-    """The leaf's bits as 32-bit words, unconverted: `rows` [n, k] and `to_words`, which
-    turns any [..., k] slice of them into its [...] uint32 words (the n words in order are
-    the leaf's). 8-byte values are pairs of words; narrower values one per word ("device:",
-    the first scheme) or, `packed`, 4 bytes or 2 halves to a word where the size allows
-    ("device2:": a uint8 replay buffer needs 4x fewer mixing steps). Converting slices, not
-    the whole leaf, keeps the leaf's size of temporaries out of the digest."""
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-        x = jax.random.key_data(x)
-    if x.dtype == jnp.bool_:
-        x = x.astype(jnp.uint8)
-    size = x.dtype.itemsize
-    if size >= 4:
-        return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1, 1), lambda r: r[..., 0]
-    narrow = jnp.uint16 if size == 2 else jnp.uint8
-    x = jax.lax.bitcast_convert_type(x, narrow).ravel()
-    per_word = 4 // size
-    if packed and x.size % per_word == 0 and x.size:
-        return x.reshape(-1, per_word), lambda r: jax.lax.bitcast_convert_type(r, jnp.uint32)
-    return x.reshape(-1, 1), lambda r: r[..., 0].astype(jnp.uint32)
+def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
 
 
-_SEEDS = (0x9E3779B9, 0x7F4A7C15)  # two independent 32-bit lanes: a 64-bit digest
-# Words mixed at a time: XLA on the CPU materialises the mixed words of one reduction (two
-# lanes, 8 bytes a word) before summing them, so a leaf is digested in slices of at most
-# this many words (about 64 MiB of temporaries), not all at once (three times a uint8 replay).
-_DIGEST_BLOCK_WORDS = 1 << 22
+def _crc(x: Any, shards: list, bounds: tuple[tuple[int, int], ...]) -> int | None:
+    """The CRC-32 of the values of `x` in `bounds` (with their shape and dtype), read from one
+    of its `shards` held here ([(bounds, shard)]) or from `x` whole if this process holds all
+    of it; None if it cannot."""
+    for held, shard in shards:
+        if all(a <= s and t <= b for (a, b), (s, t) in zip(held, bounds)):
+            x, bounds = shard.data, [(s - a, t - a) for (a, _), (s, t) in zip(held, bounds)]
+            break
+    else:
+        if not getattr(x, "is_fully_addressable", True):
+            return None
+    data = np.asarray(x)[tuple(slice(a, b) for a, b in bounds)]
+    crc = zlib.crc32(f"{data.shape}:{data.dtype};".encode())
+    return zlib.crc32(np.ascontiguousarray(data).reshape(-1).view(np.uint8), crc)
 
 
-def _lanes(words: jax.Array, position: jax.Array) -> jax.Array:
-    """[2] uint32: the two lanes' sums of the position-mixed words (any shape, same shape
-    `position`, each word's index in the leaf)."""
-    seeds = jnp.asarray(_SEEDS, jnp.uint32)
-    mixed = _mix(words.ravel()[:, None] ^ _mix(position.ravel()[:, None] + seeds))
-    return jnp.sum(mixed, axis=0, dtype=jnp.uint32)
+def _crcs(leaves: list[Any], regions: list[list[tuple]]) -> list[int | None]:
+    """The CRC-32 of every region of every leaf, each computed by a process that holds it
+    (gathered from all processes in a multi-process run; every process must call this)."""
+    crcs = []
+    for x, leaf_regions in zip(leaves, regions):
+        shards = [(_bounds(s.index, x.shape), s) for s in getattr(x, "addressable_shards", ())]
+        crcs += [_crc(x, shards, r) for r in leaf_regions]
+    if jax.process_count() == 1 or not crcs:
+        return crcs
+    from jax.experimental import multihost_utils
+
+    mine = np.array([[c or 0, c is not None] for c in crcs], np.uint32)
+    every = np.asarray(multihost_utils.process_allgather(mine))  # [processes, regions, 2]
+    return [int(every[every[:, j, 1].argmax(), j, 0]) if every[:, j, 1].any() else None
+            for j in range(len(crcs))]
 
 
-def _digest_slices(leaf: jax.Array, n: int) -> tuple[int, int]:
-    """(steps, lead): a leaf of `n` words is digested in `steps` loop steps of at most about
-    `_DIGEST_BLOCK_WORDS` words, each step one contiguous stretch of each of `lead` rows.
-    Where a count near the least divides the words of each leading index, the rows are the
-    leaf's leading indices (a leaf sharded on its leading axis is then read where each device
-    holds it) and no word is left over; else one row (`lead` 1) of the least count's whole
-    slices, the words after them digested apart (at the cost of one copy of the rest)."""
-    least = -(-n // _DIGEST_BLOCK_WORDS)
-    if least <= 1:
-        return 1, 1
-    per_row = n // leaf.shape[0] if leaf.ndim and n % leaf.shape[0] == 0 else n
-    for steps in range(least, min(per_row, 4 * least) + 1):
-        if per_row % steps == 0:
-            return steps, n // per_row
-    return least, 1
+def fingerprint(tree: Any) -> list[dict[str, str]]:
+    """For each leaf of `tree`, {region: CRC-32} for each of its shards ("0:2,0:3" holds rows
+    0-1 and columns 0-2), what a checkpoint records; the bytes are hashed on the host. In a
+    multi-process run every process must call this. Equal trees with equal shardings have
+    equal fingerprints. A checksum against corruption, not a defence against tampering."""
+    leaves = _leaves(tree)
+    regions = [sorted({_bounds(i, x.shape) for i in x.sharding.devices_indices_map(x.shape)
+                       .values()}) if isinstance(x, jax.Array)
+               else [tuple((0, n) for n in np.shape(x))] for x in leaves]
+    crcs = iter(_crcs(leaves, regions))
+    return [{",".join(f"{a}:{b}" for a, b in r): f"{next(crcs):08x}" for r in leaf_regions}
+            for leaf_regions in regions]
 
 
-# Leaves of at most this many words are digested together, a batch of them (at most
-# `_DIGEST_BLOCK_WORDS` words in all) in one reduction: a learner state holds hundreds of small
-# leaves, and one reduction each made the program slow to compile (EfficientZero's 278 leaves:
-# 7.1 s of XLA compilation on a CPU, against 1.3 s batched: docs/benchmarks.md).
-_SMALL_LEAF_WORDS = 1 << 16
-
-
-def _leaf_lanes(leaf: jax.Array, rows: jax.Array, to_words: Any) -> jax.Array:
-    """[2] uint32: the two lanes' sums over the leaf's words, in slices (`_digest_slices`)."""
-    n = rows.shape[0]
-    steps, lead = _digest_slices(leaf, n)
-    main = n // steps * steps
-    chunk = main // (lead * steps)
-    lanes = jnp.zeros((len(_SEEDS),), jnp.uint32)
-    if main:
-        grid = (rows if main == n else rows[:main]).reshape(lead, steps, chunk, -1)
-        start = (jnp.arange(lead, dtype=jnp.uint32)[:, None] * jnp.uint32(steps * chunk)
-                 + jnp.arange(chunk, dtype=jnp.uint32))  # [lead, chunk] at step 0
-
-        def stretch(j, acc):
-            words = to_words(jax.lax.dynamic_index_in_dim(grid, j, 1, keepdims=False))
-            return acc + _lanes(words, start + j.astype(jnp.uint32) * jnp.uint32(chunk))
-
-        lanes = jax.lax.fori_loop(0, steps, stretch, lanes)
-    if main < n:
-        lanes = lanes + _lanes(to_words(rows[main:]), jnp.arange(main, n, dtype=jnp.uint32))
-    return lanes
-
-
-def _batch_lanes(members: list[tuple[jax.Array, Any, int]], lead: int) -> jax.Array:
-    """[len(members), 2] uint32: each small leaf's two lane sums, as `_leaf_lanes` gives them,
-    from one reduction over the batch's words. Each leaf is split into `lead` rows (its
-    leading axis, where it has one of that size), so that leaves sharded on that axis are
-    read where each device holds them; the per-leaf sums are a segment sum over the words."""
-    words, positions, segment = [], [], []
-    for j, (rows, to_words, n) in enumerate(members):
-        words.append(to_words(rows.reshape(lead, n // lead, -1)))
-        positions.append(jnp.arange(n, dtype=jnp.uint32).reshape(lead, n // lead))
-        segment.append(jnp.full((n // lead,), j, jnp.int32))  # built in the program
-    words, positions = jnp.concatenate(words, axis=1), jnp.concatenate(positions, axis=1)
-    seeds = jnp.asarray(_SEEDS, jnp.uint32)
-    mixed = _mix(words[..., None] ^ _mix(positions[..., None] + seeds))  # [lead, W, 2]
-    # The wrapping uint32 sums are exact, so summing by segment, then over the rows, gives
-    # the same lanes as each leaf's own reduction.
-    sums = jax.ops.segment_sum(jnp.swapaxes(mixed, 0, 1), jnp.concatenate(segment),
-                               num_segments=len(members), indices_are_sorted=True)
-    return jnp.sum(sums, axis=1, dtype=jnp.uint32)
-
-
-def _digest_leaves(leaves: list[jax.Array], packed: bool = True) -> jax.Array:
-    total = jnp.zeros((len(_SEEDS),), jnp.uint32)
-    # Small leaves, batched by the number of rows they are split into: [(members, layouts)].
-    batches: dict[int, list[tuple[list, list[int]]]] = {}
-    for i, leaf in enumerate(leaves):
-        rows, to_words = _word_rows(leaf, packed)
-        n = rows.shape[0]
-        # The leaf's place, shape and dtype, so that equal bits in another layout differ.
-        layout = zlib.crc32(f"{i}:{leaf.shape}:{leaf.dtype}".encode())
-        if 0 < n <= min(_SMALL_LEAF_WORDS, _DIGEST_BLOCK_WORDS):
-            lead = leaf.shape[0] if leaf.ndim and leaf.shape[0] and n % leaf.shape[0] == 0 else 1
-            open_batches = batches.setdefault(lead, [])
-            if not open_batches or (sum(m[2] for m in open_batches[-1][0]) + n
-                                    > _DIGEST_BLOCK_WORDS):
-                open_batches.append(([], []))
-            open_batches[-1][0].append((rows, to_words, n))
-            open_batches[-1][1].append(layout)
-            continue
-        # Position-dependent mixing, so that moved or swapped values change the digest. The
-        # wrapping uint32 sum is exact: the digest does not depend on how XLA orders the
-        # reduction, how the words are sliced or batched, or how the arrays are sharded.
-        total = total + _mix(_leaf_lanes(leaf, rows, to_words) ^ jnp.uint32(layout))
-    for lead, lead_batches in batches.items():
-        for members, layouts in lead_batches:
-            lanes = _batch_lanes(members, lead)
-            total = total + jnp.sum(_mix(lanes ^ jnp.asarray(layouts, jnp.uint32)[:, None]),
-                                    axis=0, dtype=jnp.uint32)
-    return total
-
-
-_digest = jax.jit(_digest_leaves, static_argnums=1)
-_DEVICE = "device2:"  # the scheme new fingerprints use on the devices; "device:" still verifies
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _copy_and_digest(leaves: list[jax.Array], copy: tuple[bool, ...]) -> tuple[list, jax.Array]:
-    """Copies of the leaves marked in `copy` (new buffers, same shardings) and the digest of
-    all `leaves`, as one program: nothing leaves the devices but the result."""
-    return [jnp.copy(x) for x, c in zip(leaves, copy) if c], _digest_leaves(leaves)
-
-
-def _digest_hex(words: Any, scheme: str = _DEVICE) -> str:
-    words = np.asarray(words)
-    return f"{scheme}{int(words[0]):08x}{int(words[1]):08x}"
-
-
-def _host_digest(leaves: list[Any]) -> str:
-    h = hashlib.blake2b(digest_size=8)
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype,
-                                                                 jax.dtypes.prng_key):
-            leaf = jax.random.key_data(leaf)
-        value = np.ascontiguousarray(np.asarray(leaf))
-        h.update(f"{i}:{value.shape}:{value.dtype};".encode())
-        h.update(value.tobytes())
-    return h.hexdigest()
-
-
-def fingerprint(tree: Any, *, on_device: bool | None = None, scheme: str | None = None) -> str:
-    """A digest of every bit, shape and leaf of `tree` (equal trees, equal digests).
-
-    Schemes, told apart by their prefix: "host:" hashes the bytes on the host (blake2b; no
-    compilation), "device2:" reduces each array where it lives (a 64-bit sum of mixed 32-bit
-    words, narrow values packed four or two to a word; compiled once per tree structure;
-    needed where a process does not hold every shard), and "device:", the same with one value
-    per word, which checkpoints made before "device2:" carry. `scheme` (a prefix) picks one;
-    else `on_device` does, and `on_device=None` picks "host" when this process can see every
-    array whole. It is a checksum against corruption, not a defence against tampering.
-    """
-    leaves = jax.tree.leaves(tree)
-    if scheme is None:
-        if on_device is None:
-            on_device = not all(getattr(x, "is_fully_addressable", True) for x in leaves)
-        scheme = _DEVICE if on_device else "host:"
-    if scheme == "host:":
-        return "host:" + _host_digest(leaves)
-    if scheme not in ("device:", "device2:"):
-        raise ValueError(f"unknown fingerprint scheme {scheme!r}")
-    leaves = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in leaves]
-    if not leaves:
-        return scheme + "0" * 16
-    return _digest_hex(_digest(leaves, scheme == "device2:"), scheme)
-
-
-def _scheme(recorded: str) -> str:
-    return recorded.split(":", 1)[0] + ":"
+def _verify(state: Any, recorded: Any, step: int) -> str | None:
+    """What in `state` does not match `recorded` (its `fingerprint`), or None. Each region is
+    checked by a process that holds it whole, under whatever sharding `state` has."""
+    leaves = _leaves(state)
+    if isinstance(recorded, str) and recorded.split(":")[0] in ("host", "device", "device2"):
+        logging.warning("Checkpoint step %d carries a fingerprint of an older scheme (%s:), "
+                        "which is no longer computed: restored unverified.", step,
+                        recorded.split(":")[0])
+        return None
+    if not isinstance(recorded, list) or len(recorded) != len(leaves):
+        return "the fingerprint does not list the state's leaves"
+    regions = [[tuple(tuple(map(int, d.split(":"))) for d in k.split(",") if d) for k in crcs]
+               for crcs in recorded]
+    if any(sum(math.prod(b - a for a, b in r) for r in rs) != np.size(x)
+           for x, rs in zip(leaves, regions)):
+        return "the fingerprint's regions do not cover the state"
+    expected = [int(c, 16) for crcs in recorded for c in crcs.values()]
+    actual = _crcs(leaves, regions)
+    differ = sum(a is not None and a != e for a, e in zip(actual, expected))
+    if differ:
+        return f"{differ} of {len(actual)} shards differ from their recorded CRC-32"
+    if None in actual:
+        logging.warning("Checkpoint step %d: %d of %d shards not verified (no process holds "
+                        "one whole).", step, actual.count(None), len(actual))
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    """A copy of a state taken where it lives, and its fingerprint being computed there (see
-    `snapshot`). Neither may be ready yet; `Checkpointer.save` accepts it in place of a state."""
+    """A copy of a state taken where it lives (see `snapshot`), maybe not computed yet;
+    `Checkpointer.save` accepts it in place of a state."""
 
     state: Any  # the copy: jax.Arrays copied on their devices, other leaves copied on the host
-    digest: jax.Array  # [2] uint32, the "device2:" fingerprint's words
 
-    def fingerprint(self) -> str:
-        """The state's fingerprint (waits until it is computed)."""
-        return _digest_hex(self.digest)
+
+_copy = jax.jit(lambda leaves: [jnp.copy(x) for x in leaves])
 
 
 def snapshot(state: Any) -> Snapshot:
-    """Dispatches a copy of `state` and its "device2:" fingerprint; returns without waiting.
-
-    The copy is ordered after the computations already dispatched that write `state`, and
-    before any later one that donates it, so the caller may go on and donate `state` at once.
-    The fingerprint equals `fingerprint(state, on_device=True)`. Leaves that are not
-    `jax.Array`s (numpy arrays, scalars) are copied on the host.
-    """
+    """Dispatches a copy of `state` on its devices (one compiled program); returns without
+    waiting. The copy is ordered after the computations already dispatched that write `state`,
+    and before any later one that donates it, so the caller may donate `state` at once. Leaves
+    that are not `jax.Array`s (numpy arrays, scalars) are copied on the host."""
     leaves, treedef = jax.tree.flatten(state)
-    is_array = tuple(isinstance(x, jax.Array) for x in leaves)
-    if not leaves:
-        return Snapshot(state=state, digest=jnp.zeros((2,), jnp.uint32))  # as `fingerprint`
-    on_device = [x if a else jnp.asarray(x) for x, a in zip(leaves, is_array)]
-    copies, digest = _copy_and_digest(on_device, is_array)
-    copies = iter(copies)
-    leaves = [next(copies) if a else np.array(x, copy=True) for x, a in zip(leaves, is_array)]
-    return Snapshot(state=jax.tree.unflatten(treedef, leaves), digest=digest)
+    copies = iter(_copy([x for x in leaves if isinstance(x, jax.Array)]))
+    leaves = [next(copies) if isinstance(x, jax.Array) else np.array(x, copy=True)
+              for x in leaves]
+    return Snapshot(state=jax.tree.unflatten(treedef, leaves))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,10 +209,10 @@ def _abstract(target: Any) -> Any:
 class Checkpointer:
     """Saves and restores `(state, metadata)` by step in `directory`, keeping the newest few.
 
-    `save` dispatches a copy of the state and its fingerprint on the devices (see `snapshot`)
-    and never hashes or inspects the state on the host. With `asynchronous=False` it then
-    returns once the step is on disk. With `asynchronous=True` it returns at once in a single
-    process (a writer thread waits for the copy and writes it; see the module docstring for a
+    `save` dispatches a copy of the state on its devices (see `snapshot`); the copy is then
+    fingerprinted on the host and written. With `asynchronous=False` `save` returns once the
+    step is on disk. With `asynchronous=True` it returns at once in a single process (a writer
+    thread waits for the copy, fingerprints and writes it; see the module docstring for a
     multi-process run); the next `save`, `wait`, `steps` and `close` wait for the previous
     save, and re-raise an error it met. Either way a step appears on disk only complete.
     """
@@ -387,7 +268,7 @@ class Checkpointer:
 
     def _write(self, step: int, taken: Snapshot, meta: dict[str, Any]) -> None:
         ocp = self._ocp
-        meta["fingerprint"] = taken.fingerprint()  # waits for the copy's program
+        meta["fingerprint"] = fingerprint(taken.state)  # waits for the copy; hashes on the host
         self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -434,14 +315,9 @@ class Checkpointer:
         meta, state = restored[_META], restored[_STATE]
         if not isinstance(meta, dict) or "fingerprint" not in meta:
             raise CorruptCheckpointError(f"step {step}: metadata missing or unreadable")
-        recorded = str(meta["fingerprint"])
-        scheme = _scheme(recorded)
-        actual = (fingerprint(state, scheme=scheme)
-                  if scheme in ("host:", "device:", "device2:") else "unknown scheme")
-        if actual != meta["fingerprint"]:
-            raise CorruptCheckpointError(
-                f"step {step}: state fingerprint {actual} != saved {meta['fingerprint']}"
-            )
+        problem = _verify(state, meta["fingerprint"], step)
+        if problem is not None:
+            raise CorruptCheckpointError(f"step {step}: {problem}")
         return Restored(step=step, state=state, metadata=meta)
 
     def restore_latest(self, target: Any) -> Restored | None:

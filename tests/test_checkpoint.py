@@ -2,6 +2,7 @@
 fingerprints, snapshots taken on the devices, asynchronous saves that neither wait for the
 state nor lose it to donation, and SIGTERM turned into a flag."""
 
+import glob
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import pytest
 from conftest import garble_arrays
 from jax.sharding import NamedSharding, PartitionSpec
 
-from podracer import checkpoint, replication
+from podracer import replication
 from podracer.checkpoint import (
     Checkpointer,
     Preemption,
@@ -27,7 +28,8 @@ from podracer.checkpoint import (
 
 
 def _state(mesh, offset=0.0):
-    """A stacked [D, ...] state with the dtypes a runner carries: floats, ints, bools, keys."""
+    """A stacked [D, ...] state with the dtypes a runner carries: floats, ints, bools, keys,
+    bytes."""
     d = mesh.devices.size
     host = {
         "params": {"w": np.arange(d * 6, dtype=np.float32).reshape(d, 2, 3) + offset,
@@ -35,6 +37,9 @@ def _state(mesh, offset=0.0):
         "count": np.full((d,), 7, np.int32),
         "done": np.array([[True, False]] * d),
         "key": np.stack([np.asarray(jax.random.PRNGKey(i)) for i in range(d)]),
+        # Compressed, still large enough to be stored apart from orbax's index (which carries
+        # its own checksum).
+        "obs": np.random.default_rng(0).integers(0, 256, (d, 1024), dtype=np.uint8),
     }
     return replication.from_global(host, mesh)
 
@@ -80,9 +85,51 @@ def _forge_fingerprint(step_dir):
     path = os.path.join(step_dir, "meta", "metadata")
     with open(path) as f:
         meta = json.load(f)
+    crcs = meta["fingerprint"][1]
+    region = next(iter(crcs))
+    crcs[region] = f"{int(crcs[region], 16) ^ 1:08x}"
+    with open(path, "w") as f:
+        json.dump(meta, f)
+
+
+def _unknown_fingerprint(step_dir):
+    path = os.path.join(step_dir, "meta", "metadata")
+    with open(path) as f:
+        meta = json.load(f)
     meta["fingerprint"] = "0123456789abcdef"
     with open(path, "w") as f:
         json.dump(meta, f)
+
+
+def _flip_a_byte(step_dir):
+    # One bit flipped in the arrays' data where orbax itself does not notice: the step reads
+    # back without an error, holding another value.
+    directory, step = os.path.split(step_dir)
+    before, _ = load_arrays(directory, int(step))
+    files = glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True)
+    with open(max(files, key=os.path.getsize), "r+b") as f:
+        data = bytearray(f.read())
+        for position in range(len(data) // 2, len(data)):
+            data[position] ^= 0x04
+            f.seek(0)
+            f.write(data)
+            f.flush()
+            try:
+                after, _ = load_arrays(directory, int(step))
+            except Exception:  # noqa: BLE001 - orbax saw this one; try another byte
+                after = before
+            if any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after),
+                                                            jax.tree.leaves(before))):
+                return
+            data[position] ^= 0x04
+    raise AssertionError("no byte of the data changes a value unnoticed")
+
+
+def _truncate_arrays(step_dir):
+    files = glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True)
+    path = max(files, key=os.path.getsize)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
 
 
 def _truncate_metadata(step_dir):
@@ -102,7 +149,8 @@ def _delete_arrays(step_dir):
 # orbax leaves a callback behind when tensorstore fails to read garbled files; it reports
 # "Event loop is closed" at exit, after the failure was handled.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.parametrize("damage", [garble_arrays, _forge_fingerprint, _truncate_metadata,
+@pytest.mark.parametrize("damage", [garble_arrays, _flip_a_byte, _truncate_arrays,
+                                    _forge_fingerprint, _unknown_fingerprint, _truncate_metadata,
                                     _delete_arrays])
 def test_corrupt_latest_is_detected_and_the_previous_one_used(tmp_path, mesh, damage):
     directory = str(tmp_path / "ckpt")
@@ -151,148 +199,74 @@ def test_partial_save_left_by_a_killed_process_is_ignored(tmp_path, mesh):
     assert read_metadata(directory)["updates"] == 1
 
 
-@pytest.mark.parametrize("scheme", ["host:", "device:", "device2:"])
-def test_fingerprint_sees_every_bit_and_position(scheme):
-    def digest(tree):
-        return fingerprint(tree, scheme=scheme)
-
-    # Narrow leaves whose sizes "device2:" packs into words (8 bytes, 4 bools, 2 halves) and
-    # ones it cannot (3 halves).
+def test_fingerprint_sees_every_bit_and_position():
     tree = {"a": jnp.arange(6, dtype=jnp.float32), "b": jnp.array([1, 2], jnp.int32),
-            "c": jnp.array([True, False, False, True]), "h": jnp.ones((3,), jnp.bfloat16),
-            "u": jnp.arange(8, dtype=jnp.uint8), "s": jnp.array([5, -6], jnp.int16)}
-    assert digest(tree) == digest(jax.tree.map(lambda x: x.copy(), tree))
-    assert digest(tree).startswith(scheme)
-    a = np.asarray(tree["a"]).copy()
-    a.view(np.uint32)[3] ^= 1  # the lowest mantissa bit of one element
-    assert digest({**tree, "a": jnp.asarray(a)}) != digest(tree)
-    swapped = np.asarray(tree["a"])[[1, 0, 2, 3, 4, 5]]
-    assert digest({**tree, "a": jnp.asarray(swapped)}) != digest(tree)
-    for name in ("u", "c", "s"):  # one flipped bit, and two values swapped inside a word
+            "c": jnp.array([True, False, False, True]), "h": jnp.arange(3, dtype=jnp.bfloat16),
+            "u": jnp.arange(8, dtype=jnp.uint8), "s": jnp.array([5, -6], jnp.int16),
+            "k": jax.random.PRNGKey(3), "z": jnp.float32(2.5), "n": np.arange(3)}
+    assert fingerprint(tree) == fingerprint(jax.tree.map(lambda x: x.copy(), tree))
+    for name in ("a", "c", "h", "u", "s", "k", "n"):  # one flipped bit, two values swapped
         flipped = np.asarray(tree[name]).copy()
         flipped.view(np.uint8)[1] ^= 0x10 if name != "c" else 1
-        assert digest({**tree, name: jnp.asarray(flipped)}) != digest(tree), name
+        assert fingerprint({**tree, name: flipped}) != fingerprint(tree), name
         swapped = np.asarray(tree[name])[[1, 0, *range(2, tree[name].size)]]
-        assert digest({**tree, name: jnp.asarray(swapped)}) != digest(tree), name
+        assert fingerprint({**tree, name: swapped}) != fingerprint(tree), name
     # Same bits in another shape or another leaf order are another state.
-    assert digest({**tree, "a": tree["a"].reshape(2, 3)}) != digest(tree)
-    assert digest({**tree, "u": tree["u"].reshape(2, 4)}) != digest(tree)
-    assert digest([tree["a"], tree["b"]]) != digest([tree["b"], tree["a"]])
+    assert fingerprint({**tree, "a": tree["a"].reshape(2, 3)}) != fingerprint(tree)
+    assert fingerprint([tree["a"], tree["b"]]) != fingerprint([tree["b"], tree["a"]])
+    # A typed key is hashed as its bits.
+    assert fingerprint([jax.random.key(3)]) == fingerprint([tree["k"]])
 
 
-def test_the_first_device_scheme_is_unchanged():
-    # Checkpoints saved before "device2:" carry "device:" fingerprints, which must still
-    # verify. The value below was computed with the implementation of commit b336663.
-    tree = {"a": jnp.arange(6, dtype=jnp.float32), "b": jnp.array([1, 2], jnp.int32),
-            "c": jnp.array([True, False]), "h": jnp.ones((3,), jnp.bfloat16),
-            "u": jnp.arange(7, dtype=jnp.uint8), "s": jnp.arange(3, dtype=jnp.int16),
-            "k": jax.random.PRNGKey(3)}
-    assert fingerprint(tree, scheme="device:") == "device:51193f596ea4cb58"
+def test_fingerprint_hashes_each_shard_by_its_place(mesh):
+    state = _state(mesh)
+    recorded = fingerprint(state)
+    assert list(recorded[1]) == ["0:1,0:2", "1:2,0:2"]  # "done", [2, 2] over two devices
+    # Each shard's CRC-32 is zlib's, of its shape, dtype and bytes.
+    row = np.asarray(state["done"])[1:2]
+    crc = zlib.crc32(row.view(np.uint8), zlib.crc32(f"{row.shape}:{row.dtype};".encode()))
+    assert recorded[1]["1:2,0:2"] == f"{crc:08x}"
 
 
-def _odd_tree():
-    """Leaves of every kind the digest converts, sized so that words are left over after
-    whole slices, and a [2, ...] uint8 board replay."""
-    return {"a": jnp.arange(1001, dtype=jnp.float32) / 7, "b": jnp.arange(37, dtype=jnp.int32),
-            "c": jnp.arange(105).reshape(3, 5, 7) % 3 == 0, "h": jnp.ones((3,), jnp.bfloat16),
-            "u": (jnp.arange(4099) * 37 % 256).astype(jnp.uint8),
-            "r": (jnp.arange(2 * 6 * 10 * 10 * 4) % 251).astype(jnp.uint8).reshape(2, 6, 10, 10, 4),
-            "s": jnp.arange(5, dtype=jnp.int16), "k": jax.random.PRNGKey(3),
-            "e": jnp.zeros((0,), jnp.float32)}
+@pytest.mark.parametrize("saved_on, restored_on", [(4, 1), (1, 4), (2, 4), (4, 2)])
+def test_a_checkpoint_verifies_under_another_sharding(tmp_path, saved_on, restored_on):
+    def placed(devices, offset=0.0):  # a [4, ...] state placed over 1, 2 or 4 devices
+        host = jax.device_get(_state(replication.make_mesh(jax.devices()[:4]), offset))
+        mesh = replication.make_mesh(jax.devices()[:devices])
+        return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(
+            mesh, PartitionSpec(replication.DEVICE_AXIS))), host)
+
+    directory = str(tmp_path / "ckpt")
+    with Checkpointer(directory) as checkpointer:
+        checkpointer.save(1, placed(saved_on), {})
+        checkpointer.save(2, placed(saved_on, offset=1.0), {})
+    _flip_a_byte(os.path.join(directory, "2"))
+    with Checkpointer(directory) as checkpointer:
+        restored = checkpointer.restore_latest(placed(restored_on, offset=5.0))
+    assert restored.step == 1  # the flipped byte is seen under the other sharding too
+    _assert_identical(restored.state, placed(1))
+    for leaf in jax.tree.leaves(restored.state):
+        assert len(leaf.sharding.device_set) == restored_on
 
 
-@pytest.mark.parametrize("block_words", [1, 3, 7, 64, None])
-def test_device_digests_are_unchanged_by_digesting_in_slices(monkeypatch, block_words):
-    # Saved checkpoints carry fingerprints of the whole-leaf digest, which must still verify
-    # whatever slices a leaf is digested in. The values below were computed with the
-    # implementation of commit 137be75, which mixed each leaf's words all at once.
-    if block_words is not None:
-        monkeypatch.setattr(checkpoint, "_DIGEST_BLOCK_WORDS", block_words)
-    digest = jax.jit(checkpoint._digest_leaves, static_argnums=1)  # traced afresh
-    leaves = jax.tree.leaves(_odd_tree())
-    assert checkpoint._digest_hex(digest(leaves, True)) == "device2:4d46be731a585017"
-    assert (checkpoint._digest_hex(digest(leaves, False), "device:")
-            == "device:2a8531ad2844fe88")
-
-
-@pytest.mark.parametrize("sharded", [False, True])
-def test_the_digest_of_a_large_leaf_holds_no_copy_of_it(mesh, sharded):
-    # A 512 MiB uint8 replay: the digest's compiled program needs a fixed few tens of MiB of
-    # temporaries (slices of words), not the leaf's size or three times it (the whole leaf's
-    # words mixed at once), and reads a leaf sharded on its leading axis where each device
-    # holds it (no all-gather). Compiled only: nothing that large is allocated.
-    shape = (2, 4096, 26, 10, 10, 24) if sharded else (512 << 20,)
-    sharding = NamedSharding(mesh, PartitionSpec(replication.DEVICE_AXIS)) if sharded else None
-    leaf = jax.ShapeDtypeStruct(shape, jnp.uint8, sharding=sharding)
-    compiled = jax.jit(checkpoint._digest_leaves, static_argnums=1).lower([leaf], True).compile()
-    per_device = np.prod(shape) // (2 if sharded else 1)
-    assert compiled.memory_analysis().temp_size_in_bytes < per_device / 4
-    assert "all-gather" not in compiled.as_text()
-
-
-def test_a_checkpoint_with_a_first_scheme_fingerprint_verifies(tmp_path, mesh):
+@pytest.mark.parametrize("recorded", ["device2:4d46be731a585017", "device:2a8531ad2844fe88",
+                                      "host:0123456789abcdef"])
+def test_a_checkpoint_of_an_older_fingerprint_scheme_restores_unverified(tmp_path, mesh,
+                                                                           recorded, caplog):
     directory = str(tmp_path / "ckpt")
     with Checkpointer(directory) as checkpointer:
         checkpointer.save(1, _state(mesh), {"updates": 1})
     path = os.path.join(directory, "1", "meta", "metadata")
     with open(path) as f:
         meta = json.load(f)
-    meta["fingerprint"] = fingerprint(jax.device_get(_state(mesh)), scheme="device:")
+    meta["fingerprint"] = recorded  # a value no longer computed: it is not checked
     with open(path, "w") as f:
         json.dump(meta, f)
     with Checkpointer(directory) as checkpointer:
-        restored = checkpointer.restore(1, _state(mesh, offset=3.0))
+        restored = checkpointer.restore_latest(_state(mesh, offset=3.0))
+    assert restored.step == 1
     _assert_identical(restored.state, _state(mesh))
-
-
-def test_device_fingerprint_does_not_depend_on_sharding(mesh):
-    state = _state(mesh)
-    on_one_device = jax.device_put(jax.device_get(state), jax.devices()[0])
-    for scheme in ("device:", "device2:"):
-        assert (fingerprint(state, scheme=scheme)
-                == fingerprint(on_one_device, scheme=scheme))
-
-
-def _numpy_device2_digest(leaves: list[np.ndarray]) -> str:
-    """The "device2:" digest of 4-byte leaves, from its definition, in numpy: per leaf, the
-    wrapping sum of murmur3-mixed words, each XORed with its mixed position plus a lane's
-    seed, then mixed with the crc32 of the leaf's place, shape and dtype; summed over leaves."""
-    def mix(h):
-        h = h ^ (h >> np.uint32(16))
-        h = h * np.uint32(0x85EBCA6B)
-        h = h ^ (h >> np.uint32(13))
-        h = h * np.uint32(0xC2B2AE35)
-        return h ^ (h >> np.uint32(16))
-
-    seeds = np.array([0x9E3779B9, 0x7F4A7C15], np.uint32)
-    total = np.zeros(2, np.uint32)
-    for i, leaf in enumerate(leaves):
-        words = np.ascontiguousarray(leaf).view(np.uint32).ravel()[:, None]
-        position = np.arange(words.shape[0], dtype=np.uint32)[:, None]
-        lanes = np.sum(mix(words ^ mix(position + seeds)), axis=0, dtype=np.uint32)
-        layout = np.uint32(zlib.crc32(f"{i}:{leaf.shape}:{leaf.dtype}".encode()))
-        total = total + mix(lanes ^ layout)
-    return f"device2:{int(total[0]):08x}{int(total[1]):08x}"
-
-
-def test_small_leaves_are_digested_together_where_they_live(mesh):
-    # A learner state holds hundreds of small leaves (EfficientZero's: 278). The digest
-    # batches them into a few reductions instead of one each (which made the program slow to
-    # compile), reads leaves sharded on their leading axis where each device holds them, and
-    # gives the value its definition gives.
-    rng = np.random.default_rng(0)
-    host = [rng.normal(size=(2, 1 + i % 7, 3)).astype(np.float32) for i in range(120)]
-    host += [rng.integers(-9, 9, size=(2, 5 + i)).astype(np.int32) for i in range(80)]
-    sharding = NamedSharding(mesh, PartitionSpec(replication.DEVICE_AXIS))
-    leaves = [jax.device_put(x, sharding) for x in host]
-    compiled = jax.jit(checkpoint._digest_leaves, static_argnums=1).lower(leaves, True).compile()
-    text = compiled.as_text()
-    assert "all-gather" not in text
-    reductions = sum(line.count(" reduce(") for line in text.splitlines())
-    assert reductions < 10, reductions  # one per leaf would be 200
-    expected = _numpy_device2_digest(host)
-    assert checkpoint._digest_hex(compiled(leaves)) == expected
-    assert fingerprint(host, scheme="device2:") == expected  # on one device
+    assert "restored unverified" in caplog.text
 
 
 def test_sigterm_becomes_a_flag_while_entered():
@@ -305,7 +279,7 @@ def test_sigterm_becomes_a_flag_while_entered():
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
-def test_snapshot_is_a_copy_with_the_device_fingerprint(mesh):
+def test_snapshot_is_a_copy(mesh):
     state = _state(mesh)
     taken = snapshot(state)
     for copy, original in zip(jax.tree.leaves(taken.state), jax.tree.leaves(state)):
@@ -313,14 +287,11 @@ def test_snapshot_is_a_copy_with_the_device_fingerprint(mesh):
             assert a.data.unsafe_buffer_pointer() != b.data.unsafe_buffer_pointer()
         assert copy.sharding == original.sharding
     _assert_identical(taken.state, state)
-    assert taken.fingerprint() == fingerprint(state, on_device=True)
     # Host leaves are copied too: changing the caller's array later changes nothing saved.
     host = {"a": np.arange(3, dtype=np.int32)}
     taken = snapshot(host)
     host["a"][0] = 99
     assert int(taken.state["a"][0]) == 0
-    assert taken.fingerprint() == fingerprint({"a": np.arange(3, dtype=np.int32)},
-                                              on_device=True)
 
 
 def _overwrite(tree):
@@ -368,7 +339,7 @@ def test_asynchronous_save_does_not_wait_for_the_state(tmp_path):
     # The save returned while the state it saves was still being computed.
     assert returned_before == [True], (save_seconds, compute_seconds)
     np.testing.assert_array_equal(np.asarray(restored.state["x"]), np.asarray(y))
-    assert restored.metadata["fingerprint"].startswith("device2:")
+    assert restored.metadata["fingerprint"] == fingerprint({"x": y})
 
 
 def test_a_failed_asynchronous_save_is_raised_by_the_next_call(tmp_path, mesh, monkeypatch):
