@@ -9,8 +9,8 @@
     consistency_loss       SimSiam: -cos(predictor(projector(g's latent)),
                            stop_gradient(projector(h(o_{t+k}))))
     consistency_weight     the loss's cost, raised linearly from 0 over a warm-up
-    learner_update         MuZero's sampling, targets (Reanalyse through EfficientZero's search)
-                           and gradient step, with the three losses added
+    learner_update         MuZero's, given these targets (value prefix, n by age, Reanalyse
+                           through EfficientZero's search), inputs, unroll and consistency loss
     refresh_priorities     Priority Refresh (SpeedyZero): every stored position's |v - z|
     learner_step           insert a trajectory (with its birth date), MuZero's updates, and
                            Priority Refresh when due
@@ -32,7 +32,6 @@ import optax
 from agents.efficientzero import search as ez_search
 from agents.efficientzero.networks import EfficientZeroNetwork, initial_carry, reset_carry
 from agents.muzero import learning as mz
-from agents.muzero import losses as mz_losses
 from agents.muzero import targets as tgt
 from agents.muzero.networks import VECTOR_LATENT, scale_gradient
 from agents.muzero.search import value_to_scalar
@@ -259,79 +258,56 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
     environment steps: replay adds since it was stored times `steps_per_add`), Reanalyse
     through EfficientZero's search and augmented images."""
     base = learn.muzero  # MuZero's settings
-    sample_key, reanalyse_key, augment_key = jax.random.split(key, 3)
-    hp = state.hparams
-    cost = consistency_weight(hp["consistency_cost"], state.updates,
-                              learn.consistency_warmup_updates)
     k = base.unroll_steps
-    sample = mz.sample_positions(replay, state, sample_key, batch_size=base.batch_size,
-                                 importance_anneal_updates=base.importance_anneal_updates)
-    windows = sample.windows
-    n = None
-    if learn.td_age_interval > 0:
-        age = (state.replay.adds - windows["collected_at"][:, history]) * steps_per_add
-        n = td_horizon(age, td_steps=base.td_steps, td_steps_min=learn.td_steps_min,
-                       td_age_interval=learn.td_age_interval)
-    search = functools.partial(_reanalyse_search, network, learn)
-    targets = mz.batch_targets(network, state.target_params, windows, reanalyse_key, base,
-                               history=history, n=n, search=search)
-    if learn.value_prefix:
-        targets = targets.replace(reward=jax.vmap(functools.partial(
-            value_prefix_targets, horizon=learn.value_prefix_horizon))(targets.reward))
-    s = base.batch_size
-    steps = jnp.broadcast_to(jnp.arange(k + 1), (s, k + 1))
-    observations = mz.observations_at(windows, history + steps, history=history)
-    # Shifts are a prior for convolutions over real images; an MLP reading a small grid
-    # (MinAtar's 10x10) would see a different input for the same state.
-    if learn.augment and observations.ndim == 5 and network.muzero.kind not in VECTOR_LATENT:
-        observations = augment_unroll(observations, augment_key, shift=learn.augment_shift,
-                                      intensity=learn.augment_intensity,
-                                      draws=learn.augment_draws)
-    actions = windows["action"][:, history:history + k]
-    mask = same_episode(windows["step_type"][:, history:].astype(jnp.int32), k)
+    cost = consistency_weight(state.hparams["consistency_cost"], state.updates,
+                              learn.consistency_warmup_updates)
     step_scale = per_step_scale(learn.unroll_gradient_scale, k)
 
-    def loss_fn(params):
-        out = unroll_model(network, params, observations[:, 0], actions,
-                           value_prefix=learn.value_prefix,
-                           value_prefix_horizon=learn.value_prefix_horizon,
-                           lstm_size=learn.lstm_size, gradient_scale=learn.unroll_gradient_scale,
-                           latents_reach_representation=learn.consistency_to_representation)
-        per_example = jax.vmap(functools.partial(
-            mz_losses.unroll_loss, support_size=base.support_size,
-            value_cost=hp["value_cost"]))(out.policy_logits, out.value_logits,
-                                          out.reward_logits, targets,
-                                          terminal_logits=out.terminal_logits)
-        consistency = jnp.zeros((s,), jnp.float32)
+    def targets_fn(windows, key):
+        n = None
+        if learn.td_age_interval > 0:
+            age = (state.replay.adds - windows["collected_at"][:, history]) * steps_per_add
+            n = td_horizon(age, td_steps=base.td_steps, td_steps_min=learn.td_steps_min,
+                           td_age_interval=learn.td_age_interval)
+        search = functools.partial(_reanalyse_search, network, learn)
+        targets = mz.batch_targets(network, state.target_params, windows, key, base,
+                                   history=history, n=n, search=search)
+        if learn.value_prefix:
+            targets = targets.replace(reward=jax.vmap(functools.partial(
+                value_prefix_targets, horizon=learn.value_prefix_horizon))(targets.reward))
+        return targets, {"td_steps": jnp.mean(n) if n is not None
+                         else jnp.float32(base.td_steps)}
+
+    def inputs_fn(windows, key):  # o_0 .. o_K: the online input and the consistency targets
+        steps = jnp.broadcast_to(jnp.arange(k + 1), (base.batch_size, k + 1))
+        observations = mz.observations_at(windows, history + steps, history=history)
+        # Shifts are a prior for convolutions over real images; an MLP reading a small grid
+        # (MinAtar's 10x10) would see a different input for the same state.
+        if (learn.augment and observations.ndim == 5
+                and network.muzero.kind not in VECTOR_LATENT):
+            observations = augment_unroll(observations, key, shift=learn.augment_shift,
+                                          intensity=learn.augment_intensity,
+                                          draws=learn.augment_draws)
+        return observations
+
+    def unroll_fn(params, observations, actions):
+        return unroll_model(network, params, observations[:, 0], actions,
+                            value_prefix=learn.value_prefix,
+                            value_prefix_horizon=learn.value_prefix_horizon,
+                            lstm_size=learn.lstm_size, gradient_scale=learn.unroll_gradient_scale,
+                            latents_reach_representation=learn.consistency_to_representation)
+
+    def extra_loss_fn(params, out, observations, windows):
+        consistency = jnp.zeros((base.batch_size,), jnp.float32)
         if learn.consistency and k:
+            mask = same_episode(windows["step_type"][:, history:].astype(jnp.int32), k)
             consistency = consistency_loss(network, params, out.latents, observations[:, 1:],
                                            mask, step_scale=step_scale) / (k + 1)
-        total = per_example.loss + cost * consistency
-        value = value_to_scalar(out.value_logits[:, 0], base.support_size)
-        return jnp.mean(sample.weights * total), (jnp.abs(value - targets.value[:, 0]),
-                                                  per_example, consistency)
+        return cost * consistency, {"consistency_loss": jnp.mean(consistency)}
 
-    grads, (priorities, per_example, consistency) = jax.grad(loss_fn, has_aux=True)(
-        state.params)
-    new_state = mz.apply_gradients(optimizer, state, grads,
-                                   target_update_interval=base.target_update_interval,
-                                   axis_name=axis_name)
-    metrics = {
-        "loss": jnp.mean(sample.weights * (per_example.loss + cost * consistency)),
-        "value_loss": jnp.mean(per_example.value_loss) / (k + 1),
-        "policy_loss": jnp.mean(per_example.policy_loss) / (k + 1),
-        "reward_loss": jnp.mean(per_example.reward_loss) / max(k, 1),
-        "consistency_loss": jnp.mean(consistency),
-        "grad_norm": optax.tree.norm(grads),
-        "mean_priority": jnp.mean(priorities),
-        "importance_exponent": mz.sample_beta(state, base.importance_anneal_updates),
-        "td_steps": jnp.mean(n) if n is not None else jnp.float32(base.td_steps),
-    }
-    if network.muzero.terminal_head:
-        metrics["terminal_loss"] = jnp.mean(per_example.terminal_loss) / max(k, 1)
-    new_state = new_state.replace(
-        replay=replay.update(state.replay, sample.slots, sample.positions, priorities))
-    return new_state, metrics
+    return mz.learner_update(network, optimizer, replay, base, state, key, history=history,
+                             axis_name=axis_name, targets_fn=targets_fn, inputs_fn=inputs_fn,
+                             unroll_fn=unroll_fn, extra_loss_fn=extra_loss_fn)
 
 
 def _reanalyse_search(network, learn: LearnConfig, params, observation, key):
