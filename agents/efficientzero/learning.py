@@ -4,8 +4,8 @@
     td_horizon             n of each sample's value target, shortened with its data's age
     augment                random shift and intensity of image observations, on the device
     augment_unroll         the online input and the consistency targets, drawn apart
-    unroll_model           MuZero's unroll with the value prefix, per-step gradient scaling,
-                           and the dynamics latents the consistency loss needs
+    unroll_model           MuZero's unroll with the value-prefix head and per-step gradient
+                           scaling (and the consistency loss's latents, optionally apart from h)
     consistency_loss       SimSiam: -cos(predictor(projector(g's latent)),
                            stop_gradient(projector(h(o_{t+k}))))
     consistency_weight     the loss's cost, raised linearly from 0 over a warm-up
@@ -32,6 +32,7 @@ import optax
 from agents.efficientzero import search as ez_search
 from agents.efficientzero.networks import EfficientZeroNetwork, initial_carry, reset_carry
 from agents.muzero import learning as mz
+from agents.muzero import losses as mz_losses
 from agents.muzero import targets as tgt
 from agents.muzero.networks import VECTOR_LATENT, scale_gradient
 from agents.muzero.search import value_to_scalar
@@ -117,67 +118,38 @@ def augment_unroll(observations: Array, key: PRNGKey, *, shift: int, intensity: 
                             augment(observations[:, 1:], target_key, **kwargs)], axis=1)
 
 
-@chex.dataclass(frozen=True)
-class UnrollOutput:
-    policy_logits: Array  # [B, K+1, A]
-    value_logits: Array  # [B, K+1, 2S+1]
-    reward_logits: Array  # [B, K+1, 2S+1] value prefix (or per-step reward) logits; step 0 zeros
-    latents: Array  # [B, K, ...] the dynamics' latents at steps 1..K
-    # [B, K+1] the terminal head's logit at each step (step 0: zeros, unused); None without one
-    terminal_logits: Array | None = None
-
-
 def unroll_model(network: EfficientZeroNetwork, params: Params, observation: Array,
                  actions: Array, *, value_prefix: bool, value_prefix_horizon: int,
                  lstm_size: int, gradient_scale: str,
-                 latents_reach_representation: bool = True) -> UnrollOutput:
-    """MuZero's K-step unroll (half the gradient into each dynamics step) where the reward
-    head is the value-prefix LSTM (of `lstm_size`, reset after every `value_prefix_horizon`
-    steps, as in search) when `value_prefix`, and, with `gradient_scale == "per_step"`
+                 latents_reach_representation: bool = True) -> mz_losses.UnrollOutput:
+    """MuZero's K-step unroll (`agents.muzero.losses.unroll_model`) where the reward head is
+    the value-prefix LSTM (of `lstm_size`, reset after every `value_prefix_horizon` steps, as
+    in search) when `value_prefix`, and, with `gradient_scale == "per_step"`
     (`unroll_gradient_scale`), the gradient of every prediction past step 0 is scaled by 1/K
     (MuZero appendix G). The returned `latents` (the consistency loss's online branch) are the
     unroll's own, or, without `latents_reach_representation`, the same dynamics steps run
     again from a stop-gradient h(o): a loss on them then trains g but not h."""
     chex.assert_rank(actions, 2)
     num_unroll = actions.shape[1]
-    step_scale = per_step_scale(gradient_scale, num_unroll)
-    latent = network.apply(params, observation, method="represent")
-    root = latent
-    carry = initial_carry(observation.shape[0], lstm_size)
-    policies, values, rewards, latents = [], [], [], []
-    has_end_head = network.muzero.terminal_head
-    ends = [jnp.zeros(observation.shape[:1], jnp.float32)]
-    for k in range(num_unroll + 1):
-        policy_logits, value_logits = network.apply(params, latent, method="predict")
-        if k > 0:
-            policy_logits = scale_gradient(policy_logits, step_scale)
-            value_logits = scale_gradient(value_logits, step_scale)
-        policies.append(policy_logits)
-        values.append(value_logits)
-        if k == num_unroll:
-            break
-        reward_logits, latent = network.apply(params, latent, actions[:, k], method="dynamics")
-        if has_end_head:
-            ends.append(scale_gradient(network.apply(params, latent, method="terminal_logit"),
-                                       step_scale))
+
+    def prefix(params, latent, carry, k):
+        reward_logits, carry = network.apply(params, latent, carry, method="prefix")
+        reset = jnp.full((observation.shape[0],), (k + 1) % value_prefix_horizon == 0)
+        return reward_logits, reset_carry(carry, reset)
+
+    out = mz_losses.unroll_model(network, params, observation, actions,
+                                 step_scale=per_step_scale(gradient_scale, num_unroll),
+                                 reward_head=prefix if value_prefix else None,
+                                 reward_carry=initial_carry(observation.shape[0], lstm_size))
+    if latents_reach_representation:
+        return out
+    latent = jax.lax.stop_gradient(network.apply(params, observation, method="represent"))
+    latents = []
+    for k in range(num_unroll):
+        _, latent = network.apply(params, latent, actions[:, k], method="dynamics")
         latent = scale_gradient(latent, 0.5)
-        if value_prefix:
-            reward_logits, carry = network.apply(params, latent, carry, method="prefix")
-            reset = jnp.full((observation.shape[0],), (k + 1) % value_prefix_horizon == 0)
-            carry = reset_carry(carry, reset)
-        rewards.append(scale_gradient(reward_logits, step_scale))
         latents.append(latent)
-    rewards = [jnp.zeros_like(values[0])] + rewards
-    if not latents_reach_representation:
-        latent, latents = jax.lax.stop_gradient(root), []
-        for k in range(num_unroll):
-            _, latent = network.apply(params, latent, actions[:, k], method="dynamics")
-            latent = scale_gradient(latent, 0.5)
-            latents.append(latent)
-    stack = lambda xs: jnp.stack(xs, axis=1)
-    return UnrollOutput(policy_logits=stack(policies), value_logits=stack(values),
-                        reward_logits=stack(rewards), latents=stack(latents),
-                        terminal_logits=stack(ends) if has_end_head else None)
+    return out.replace(latents=jnp.stack(latents, axis=1))
 
 
 def consistency_loss(network: EfficientZeroNetwork, params: Params, latents: Array,
