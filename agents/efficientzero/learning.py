@@ -4,13 +4,13 @@
     td_horizon             n of each sample's value target, shortened with its data's age
     augment                random shift and intensity of image observations, on the device
     augment_unroll         the online input and the consistency targets, drawn apart
-    unroll_model           MuZero's unroll with the value prefix, per-step gradient scaling,
-                           and the dynamics latents the consistency loss needs
+    unroll_model           MuZero's unroll with the value-prefix head and per-step gradient
+                           scaling (and the consistency loss's latents, optionally apart from h)
     consistency_loss       SimSiam: -cos(predictor(projector(g's latent)),
                            stop_gradient(projector(h(o_{t+k}))))
     consistency_weight     the loss's cost, raised linearly from 0 over a warm-up
-    learner_update         MuZero's sampling, targets (Reanalyse through EfficientZero's search)
-                           and gradient step, with the three losses added
+    learner_update         MuZero's, given these targets (value prefix, n by age, Reanalyse
+                           through EfficientZero's search), inputs, unroll and consistency loss
     refresh_priorities     Priority Refresh (SpeedyZero): every stored position's |v - z|
     learner_step           insert a trajectory (with its birth date), MuZero's updates, and
                            Priority Refresh when due
@@ -118,67 +118,38 @@ def augment_unroll(observations: Array, key: PRNGKey, *, shift: int, intensity: 
                             augment(observations[:, 1:], target_key, **kwargs)], axis=1)
 
 
-@chex.dataclass(frozen=True)
-class UnrollOutput:
-    policy_logits: Array  # [B, K+1, A]
-    value_logits: Array  # [B, K+1, 2S+1]
-    reward_logits: Array  # [B, K+1, 2S+1] value prefix (or per-step reward) logits; step 0 zeros
-    latents: Array  # [B, K, ...] the dynamics' latents at steps 1..K
-    # [B, K+1] the terminal head's logit at each step (step 0: zeros, unused); None without one
-    terminal_logits: Array | None = None
-
-
 def unroll_model(network: EfficientZeroNetwork, params: Params, observation: Array,
                  actions: Array, *, value_prefix: bool, value_prefix_horizon: int,
                  lstm_size: int, gradient_scale: str,
-                 latents_reach_representation: bool = True) -> UnrollOutput:
-    """MuZero's K-step unroll (half the gradient into each dynamics step) where the reward
-    head is the value-prefix LSTM (of `lstm_size`, reset after every `value_prefix_horizon`
-    steps, as in search) when `value_prefix`, and, with `gradient_scale == "per_step"`
+                 latents_reach_representation: bool = True) -> mz_losses.UnrollOutput:
+    """MuZero's K-step unroll (`agents.muzero.losses.unroll_model`) where the reward head is
+    the value-prefix LSTM (of `lstm_size`, reset after every `value_prefix_horizon` steps, as
+    in search) when `value_prefix`, and, with `gradient_scale == "per_step"`
     (`unroll_gradient_scale`), the gradient of every prediction past step 0 is scaled by 1/K
     (MuZero appendix G). The returned `latents` (the consistency loss's online branch) are the
     unroll's own, or, without `latents_reach_representation`, the same dynamics steps run
     again from a stop-gradient h(o): a loss on them then trains g but not h."""
     chex.assert_rank(actions, 2)
     num_unroll = actions.shape[1]
-    step_scale = per_step_scale(gradient_scale, num_unroll)
-    latent = network.apply(params, observation, method="represent")
-    root = latent
-    carry = initial_carry(observation.shape[0], lstm_size)
-    policies, values, rewards, latents = [], [], [], []
-    has_end_head = network.muzero.terminal_head
-    ends = [jnp.zeros(observation.shape[:1], jnp.float32)]
-    for k in range(num_unroll + 1):
-        policy_logits, value_logits = network.apply(params, latent, method="predict")
-        if k > 0:
-            policy_logits = scale_gradient(policy_logits, step_scale)
-            value_logits = scale_gradient(value_logits, step_scale)
-        policies.append(policy_logits)
-        values.append(value_logits)
-        if k == num_unroll:
-            break
-        reward_logits, latent = network.apply(params, latent, actions[:, k], method="dynamics")
-        if has_end_head:
-            ends.append(scale_gradient(network.apply(params, latent, method="terminal_logit"),
-                                       step_scale))
+
+    def prefix(params, latent, carry, k):
+        reward_logits, carry = network.apply(params, latent, carry, method="prefix")
+        reset = jnp.full((observation.shape[0],), (k + 1) % value_prefix_horizon == 0)
+        return reward_logits, reset_carry(carry, reset)
+
+    out = mz_losses.unroll_model(network, params, observation, actions,
+                                 step_scale=per_step_scale(gradient_scale, num_unroll),
+                                 reward_head=prefix if value_prefix else None,
+                                 reward_carry=initial_carry(observation.shape[0], lstm_size))
+    if latents_reach_representation:
+        return out
+    latent = jax.lax.stop_gradient(network.apply(params, observation, method="represent"))
+    latents = []
+    for k in range(num_unroll):
+        _, latent = network.apply(params, latent, actions[:, k], method="dynamics")
         latent = scale_gradient(latent, 0.5)
-        if value_prefix:
-            reward_logits, carry = network.apply(params, latent, carry, method="prefix")
-            reset = jnp.full((observation.shape[0],), (k + 1) % value_prefix_horizon == 0)
-            carry = reset_carry(carry, reset)
-        rewards.append(scale_gradient(reward_logits, step_scale))
         latents.append(latent)
-    rewards = [jnp.zeros_like(values[0])] + rewards
-    if not latents_reach_representation:
-        latent, latents = jax.lax.stop_gradient(root), []
-        for k in range(num_unroll):
-            _, latent = network.apply(params, latent, actions[:, k], method="dynamics")
-            latent = scale_gradient(latent, 0.5)
-            latents.append(latent)
-    stack = lambda xs: jnp.stack(xs, axis=1)
-    return UnrollOutput(policy_logits=stack(policies), value_logits=stack(values),
-                        reward_logits=stack(rewards), latents=stack(latents),
-                        terminal_logits=stack(ends) if has_end_head else None)
+    return out.replace(latents=jnp.stack(latents, axis=1))
 
 
 def consistency_loss(network: EfficientZeroNetwork, params: Params, latents: Array,
@@ -259,79 +230,56 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
     environment steps: replay adds since it was stored times `steps_per_add`), Reanalyse
     through EfficientZero's search and augmented images."""
     base = learn.muzero  # MuZero's settings
-    sample_key, reanalyse_key, augment_key = jax.random.split(key, 3)
-    hp = state.hparams
-    cost = consistency_weight(hp["consistency_cost"], state.updates,
-                              learn.consistency_warmup_updates)
     k = base.unroll_steps
-    sample = mz.sample_positions(replay, state, sample_key, batch_size=base.batch_size,
-                                 importance_anneal_updates=base.importance_anneal_updates)
-    windows = sample.windows
-    n = None
-    if learn.td_age_interval > 0:
-        age = (state.replay.adds - windows["collected_at"][:, history]) * steps_per_add
-        n = td_horizon(age, td_steps=base.td_steps, td_steps_min=learn.td_steps_min,
-                       td_age_interval=learn.td_age_interval)
-    search = functools.partial(_reanalyse_search, network, learn)
-    targets = mz.batch_targets(network, state.target_params, windows, reanalyse_key, base,
-                               history=history, n=n, search=search)
-    if learn.value_prefix:
-        targets = targets.replace(reward=jax.vmap(functools.partial(
-            value_prefix_targets, horizon=learn.value_prefix_horizon))(targets.reward))
-    s = base.batch_size
-    steps = jnp.broadcast_to(jnp.arange(k + 1), (s, k + 1))
-    observations = mz.observations_at(windows, history + steps, history=history)
-    # Shifts are a prior for convolutions over real images; an MLP reading a small grid
-    # (MinAtar's 10x10) would see a different input for the same state.
-    if learn.augment and observations.ndim == 5 and network.muzero.kind not in VECTOR_LATENT:
-        observations = augment_unroll(observations, augment_key, shift=learn.augment_shift,
-                                      intensity=learn.augment_intensity,
-                                      draws=learn.augment_draws)
-    actions = windows["action"][:, history:history + k]
-    mask = same_episode(windows["step_type"][:, history:].astype(jnp.int32), k)
+    cost = consistency_weight(state.hparams["consistency_cost"], state.updates,
+                              learn.consistency_warmup_updates)
     step_scale = per_step_scale(learn.unroll_gradient_scale, k)
 
-    def loss_fn(params):
-        out = unroll_model(network, params, observations[:, 0], actions,
-                           value_prefix=learn.value_prefix,
-                           value_prefix_horizon=learn.value_prefix_horizon,
-                           lstm_size=learn.lstm_size, gradient_scale=learn.unroll_gradient_scale,
-                           latents_reach_representation=learn.consistency_to_representation)
-        per_example = jax.vmap(functools.partial(
-            mz_losses.unroll_loss, support_size=base.support_size,
-            value_cost=hp["value_cost"]))(out.policy_logits, out.value_logits,
-                                          out.reward_logits, targets,
-                                          terminal_logits=out.terminal_logits)
-        consistency = jnp.zeros((s,), jnp.float32)
+    def targets_fn(windows, key):
+        n = None
+        if learn.td_age_interval > 0:
+            age = (state.replay.adds - windows["collected_at"][:, history]) * steps_per_add
+            n = td_horizon(age, td_steps=base.td_steps, td_steps_min=learn.td_steps_min,
+                           td_age_interval=learn.td_age_interval)
+        search = functools.partial(_reanalyse_search, network, learn)
+        targets = mz.batch_targets(network, state.target_params, windows, key, base,
+                                   history=history, n=n, search=search)
+        if learn.value_prefix:
+            targets = targets.replace(reward=jax.vmap(functools.partial(
+                value_prefix_targets, horizon=learn.value_prefix_horizon))(targets.reward))
+        return targets, {"td_steps": jnp.mean(n) if n is not None
+                         else jnp.float32(base.td_steps)}
+
+    def inputs_fn(windows, key):  # o_0 .. o_K: the online input and the consistency targets
+        steps = jnp.broadcast_to(jnp.arange(k + 1), (base.batch_size, k + 1))
+        observations = mz.observations_at(windows, history + steps, history=history)
+        # Shifts are a prior for convolutions over real images; an MLP reading a small grid
+        # (MinAtar's 10x10) would see a different input for the same state.
+        if (learn.augment and observations.ndim == 5
+                and network.muzero.kind not in VECTOR_LATENT):
+            observations = augment_unroll(observations, key, shift=learn.augment_shift,
+                                          intensity=learn.augment_intensity,
+                                          draws=learn.augment_draws)
+        return observations
+
+    def unroll_fn(params, observations, actions):
+        return unroll_model(network, params, observations[:, 0], actions,
+                            value_prefix=learn.value_prefix,
+                            value_prefix_horizon=learn.value_prefix_horizon,
+                            lstm_size=learn.lstm_size, gradient_scale=learn.unroll_gradient_scale,
+                            latents_reach_representation=learn.consistency_to_representation)
+
+    def extra_loss_fn(params, out, observations, windows):
+        consistency = jnp.zeros((base.batch_size,), jnp.float32)
         if learn.consistency and k:
+            mask = same_episode(windows["step_type"][:, history:].astype(jnp.int32), k)
             consistency = consistency_loss(network, params, out.latents, observations[:, 1:],
                                            mask, step_scale=step_scale) / (k + 1)
-        total = per_example.loss + cost * consistency
-        value = value_to_scalar(out.value_logits[:, 0], base.support_size)
-        return jnp.mean(sample.weights * total), (jnp.abs(value - targets.value[:, 0]),
-                                                  per_example, consistency)
+        return cost * consistency, {"consistency_loss": jnp.mean(consistency)}
 
-    grads, (priorities, per_example, consistency) = jax.grad(loss_fn, has_aux=True)(
-        state.params)
-    new_state = mz.apply_gradients(optimizer, state, grads,
-                                   target_update_interval=base.target_update_interval,
-                                   axis_name=axis_name)
-    metrics = {
-        "loss": jnp.mean(sample.weights * (per_example.loss + cost * consistency)),
-        "value_loss": jnp.mean(per_example.value_loss) / (k + 1),
-        "policy_loss": jnp.mean(per_example.policy_loss) / (k + 1),
-        "reward_loss": jnp.mean(per_example.reward_loss) / max(k, 1),
-        "consistency_loss": jnp.mean(consistency),
-        "grad_norm": optax.tree.norm(grads),
-        "mean_priority": jnp.mean(priorities),
-        "importance_exponent": mz.sample_beta(state, base.importance_anneal_updates),
-        "td_steps": jnp.mean(n) if n is not None else jnp.float32(base.td_steps),
-    }
-    if network.muzero.terminal_head:
-        metrics["terminal_loss"] = jnp.mean(per_example.terminal_loss) / max(k, 1)
-    new_state = new_state.replace(
-        replay=replay.update(state.replay, sample.slots, sample.positions, priorities))
-    return new_state, metrics
+    return mz.learner_update(network, optimizer, replay, base, state, key, history=history,
+                             axis_name=axis_name, targets_fn=targets_fn, inputs_fn=inputs_fn,
+                             unroll_fn=unroll_fn, extra_loss_fn=extra_loss_fn)
 
 
 def _reanalyse_search(network, learn: LearnConfig, params, observation, key):

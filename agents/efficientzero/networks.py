@@ -75,6 +75,11 @@ class EfficientZeroNetwork(nn.Module):
         self.predictor = _Head(self.projection_hidden, self.projection_size,
                                self.consistency_norm, normalise_output=False)
 
+    @property
+    def terminal_head(self) -> bool:
+        """Whether MuZero's terminal head is on (`muzero.terminal_head`)."""
+        return self.muzero.terminal_head
+
     def represent(self, observation: Array) -> Array:
         return self.model.represent(observation)
 

@@ -11,7 +11,8 @@ copying the rest:
     batch_targets      the target network (and Reanalyse) at the positions the batch uses
     sample_positions   draw a batch with the state's priority and importance exponents
     apply_gradients    pmean, optimiser step, target copy
-    learner_update     sample, targets, gradient step, target copy, priority update
+    learner_update     sample, targets, gradient step, target copy, priority update; what
+                       another agent adds (its targets, inputs, unroll, extra loss) as functions
     learner_step       insert a trajectory, then `updates_per_step` updates once ready
 """
 
@@ -254,46 +255,75 @@ def apply_gradients(optimizer: optax.GradientTransformation, state: LearnerState
 def learner_update(network: MuZeroNetwork, optimizer: optax.GradientTransformation,
                    replay: pr.PositionReplay, learn: LearnConfig,
                    state: LearnerState, key: PRNGKey, *, history: int,
-                   axis_name: str | None) -> tuple[LearnerState, Metrics]:
+                   axis_name: str | None, targets_fn: Callable | None = None,
+                   inputs_fn: Callable | None = None, unroll_fn: Callable | None = None,
+                   extra_loss_fn: Callable | None = None) -> tuple[LearnerState, Metrics]:
     """One update on `learn.batch_size` positions sampled from `state.replay`: targets,
     the K-step unrolled loss weighted by importance weights, a gradient step (gradients
     averaged over `axis_name`), the periodic target copy, and the sampled positions'
-    priorities set to |v - z| at the position. Keys: sampling, then Reanalyse."""
-    sample_key, reanalyse_key = jax.random.split(key)
+    priorities set to |v - z| at the position. Keys: sampling, Reanalyse, `inputs_fn`'s.
+
+    What another agent adds to MuZero (EfficientZero: the value prefix, the consistency
+    loss, augmentation) comes in as functions, each None for MuZero's own:
+      targets_fn: (windows, key) -> (`UnrollTargets` leaves [S, K+1, ...], metrics) of the
+        sampled windows (leaves [S, H + K + n + 1, ...]), `key` Reanalyse's; None:
+        `batch_targets`.
+      inputs_fn: (windows, key) -> [S, M, ...] the observations the update reads, o_0
+        first; None: o_0 alone.
+      unroll_fn: (params, observations, actions [S, K]) -> the model's predictions, with
+        `losses.UnrollOutput`'s fields; None: `losses.unroll_model` from o_0.
+      extra_loss_fn: (params, predictions, observations, windows) -> ([S] a loss added to
+        each sample's MuZero loss before the importance weights, metrics); None: none.
+    Their metrics join MuZero's; `network.terminal_head` adds `terminal_loss`."""
+    sample_key, reanalyse_key, inputs_key = jax.random.split(key, 3)
     hp = state.hparams
     sample = sample_positions(replay, state, sample_key, batch_size=learn.batch_size,
                               importance_anneal_updates=learn.importance_anneal_updates)
     windows = sample.windows
-    targets = batch_targets(network, state.target_params, windows, reanalyse_key, learn,
-                            history=history)
-    s = learn.batch_size
-    observation = observations_at(windows, jnp.full((s, 1), history), history=history)[:, 0]
+    if targets_fn is None:
+        targets_fn = lambda windows, key: (batch_targets(
+            network, state.target_params, windows, key, learn, history=history), {})
+    if inputs_fn is None:
+        inputs_fn = lambda windows, key: observations_at(
+            windows, jnp.full((learn.batch_size, 1), history), history=history)
+    if unroll_fn is None:
+        unroll_fn = lambda params, observations, actions: losses.unroll_model(
+            network, params, observations[:, 0], actions)
+    targets, target_metrics = targets_fn(windows, reanalyse_key)
+    observations = inputs_fn(windows, inputs_key)
     actions = windows["action"][:, history:history + learn.unroll_steps]
 
     def loss_fn(params):
-        out = losses.unroll_model(network, params, observation, actions)
+        out = unroll_fn(params, observations, actions)
         per_example = jax.vmap(functools.partial(
             losses.unroll_loss, support_size=learn.support_size,
             value_cost=hp["value_cost"]))(out.policy_logits, out.value_logits,
                                           out.reward_logits, targets,
                                           terminal_logits=out.terminal_logits)
-        loss = jnp.mean(sample.weights * per_example.loss)
+        total, extra_metrics = per_example.loss, {}
+        if extra_loss_fn is not None:
+            extra, extra_metrics = extra_loss_fn(params, out, observations, windows)
+            total = total + extra
         value = value_to_scalar(out.value_logits[:, 0], learn.support_size)
-        return loss, (jnp.abs(value - targets.value[:, 0]), per_example)
+        return jnp.mean(sample.weights * total), (
+            jnp.abs(value - targets.value[:, 0]), per_example, total, extra_metrics)
 
-    grads, (priorities, per_example) = jax.grad(loss_fn, has_aux=True)(state.params)
+    grads, (priorities, per_example, total, extra_metrics) = jax.grad(
+        loss_fn, has_aux=True)(state.params)
     new_state = apply_gradients(optimizer, state, grads,
                                 target_update_interval=learn.target_update_interval,
                                 axis_name=axis_name)
     k1 = learn.unroll_steps + 1
     metrics = {
-        "loss": jnp.mean(sample.weights * per_example.loss),
+        "loss": jnp.mean(sample.weights * total),
         "value_loss": jnp.mean(per_example.value_loss) / k1,
         "policy_loss": jnp.mean(per_example.policy_loss) / k1,
         "reward_loss": jnp.mean(per_example.reward_loss) / max(learn.unroll_steps, 1),
         "grad_norm": optax.tree.norm(grads),
         "mean_priority": jnp.mean(priorities),
         "importance_exponent": sample_beta(state, learn.importance_anneal_updates),
+        **target_metrics,
+        **extra_metrics,
     }
     if network.terminal_head:
         metrics["terminal_loss"] = jnp.mean(per_example.terminal_loss) / max(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import chex
 import jax.numpy as jnp
 import optax
@@ -18,6 +21,7 @@ class UnrollOutput:
     reward_logits: Array  # [B, K+1, 2S+1] g's reward into each step (step 0: zeros, unused)
     # [B, K+1] the terminal head's logit at each step (step 0: zeros, unused); None without one
     terminal_logits: Array | None = None
+    latents: Array | None = None  # [B, K, ...] the dynamics' latents at steps 1..K
 
 
 @chex.dataclass(frozen=True)
@@ -30,31 +34,46 @@ class LossOutput:
 
 
 def unroll_model(network: MuZeroNetwork, params: Params, observation: Array,
-                 actions: Array) -> UnrollOutput:
+                 actions: Array, *, step_scale: float = 1.0,
+                 reward_head: Callable[[Params, Array, Any, int], tuple[Array, Any]] | None = None,
+                 reward_carry: Any = None) -> UnrollOutput:
     """Represents `observation` ([B, ...]) and unrolls the dynamics through `actions`
     ([B, K]), predicting at every step (and, with `network.terminal_head`, whether each
     step ended the episode). Half the gradient flows into each dynamics step (MuZero
-    appendix G)."""
+    appendix G), and `step_scale` scales the gradient of every prediction past step 0
+    (appendix G's 1/K; 1: none).
+
+    `reward_head` (params, the latent of step k + 1, carry, k) -> (reward logits, carry),
+    starting from `reward_carry`, replaces the dynamics' reward (EfficientZero's value
+    prefix)."""
     chex.assert_rank(actions, 2)
     latent = network.apply(params, observation, method="represent")
-    policies, values, rewards = [], [], []
+    policies, values, rewards, latents = [], [], [], []
     ends = [jnp.zeros(observation.shape[:1], jnp.float32)]
     for k in range(actions.shape[1] + 1):
         policy_logits, value_logits = network.apply(params, latent, method="predict")
+        if k > 0:
+            policy_logits = scale_gradient(policy_logits, step_scale)
+            value_logits = scale_gradient(value_logits, step_scale)
         policies.append(policy_logits)
         values.append(value_logits)
         if k == actions.shape[1]:
             break
         reward_logits, latent = network.apply(params, latent, actions[:, k], method="dynamics")
         if network.terminal_head:
-            ends.append(network.apply(params, latent, method="terminal_logit"))
+            ends.append(scale_gradient(network.apply(params, latent, method="terminal_logit"),
+                                       step_scale))
         latent = scale_gradient(latent, 0.5)
-        rewards.append(reward_logits)
+        if reward_head is not None:
+            reward_logits, reward_carry = reward_head(params, latent, reward_carry, k)
+        rewards.append(scale_gradient(reward_logits, step_scale))
+        latents.append(latent)
     rewards = [jnp.zeros_like(values[0])] + rewards
     stack = lambda xs: jnp.stack(xs, axis=1)
     return UnrollOutput(policy_logits=stack(policies), value_logits=stack(values),
                         reward_logits=stack(rewards),
-                        terminal_logits=stack(ends) if network.terminal_head else None)
+                        terminal_logits=stack(ends) if network.terminal_head else None,
+                        latents=stack(latents) if latents else None)
 
 
 def unroll_loss(policy_logits: Array, value_logits: Array, reward_logits: Array,
