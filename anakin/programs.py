@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 import envs_jax
-from podracer import faults
+from podracer import faults, scans
 from podracer.agent import Agent
 from podracer.types import DEVICE_AXIS, Metrics, Params, PRNGKey, Trajectory
 
@@ -118,10 +118,10 @@ def make_programs(agent: Agent, env: envs_jax.Environment, *, envs_per_device: i
         return state, metrics
 
     def chunk(state: RunnerState) -> tuple[RunnerState, Metrics]:
-        state, metrics = jax.lax.scan(update, state, length=updates_per_chunk)
+        state, metrics = scans.scan_with_metrics(update, state, length=updates_per_chunk)
         # The first update (0-based, within the chunk) whose loss or parameters are not
         # finite on any device; `updates_per_chunk` when all are.
-        first_bad = faults.first_false(metrics.pop(faults.FINITE))
+        first_bad = faults.first_false(metrics.pop(faults.FINITE) > 0)
         counts = {k: jnp.sum(metrics.pop(k)) for k in list(metrics) if k.startswith("episode")}
         means = jax.tree.map(jnp.mean, metrics)
         if axis_name is not None:

@@ -98,7 +98,8 @@ def test_targets_alone_are_gae_by_hand():
     np.testing.assert_allclose(batch["advantage"], _advantages(), rtol=1e-6)
     np.testing.assert_allclose(batch["return"], _advantages() + VALUE, rtol=1e-6)
     np.testing.assert_allclose(batch["old_value"], np.full((2, 2), VALUE))
-    np.testing.assert_array_equal(batch["weight"], np.ones((2, 2)))
+    assert "weight" not in batch  # on-policy ("plain"): every weight is 1, none is carried
+    np.testing.assert_allclose(metrics["importance_weight"], 1.0)
     np.testing.assert_allclose(metrics["advantage_mean"], _advantages().mean(), rtol=1e-6)
 
 

@@ -26,6 +26,7 @@ import optax
 from agents import popart
 from agents.actor_critic import LearnerState
 from agents.ppo import losses, networks
+from podracer import scans
 from podracer.config import ConfigError
 from podracer.types import Array, Extras, Metrics, Params, PRNGKey, TimeStep, Trajectory
 
@@ -135,7 +136,9 @@ def targets(network: nn.Module, learn: LearnConfig, params: Params, trajectory: 
     batch = {"observation": ts.observation[:-1], "action": trajectory.action,
              "old_log_prob": jax.lax.stop_gradient(old_log_prob),
              "old_value": values[:-1], "advantage": normalised, "return": returns,
-             "weight": weights, "mask": mask}
+             "mask": mask}
+    if learn.off_policy == "corrected":
+        batch["weight"] = weights  # "plain"'s are all 1: not carried through the epochs
     return batch, metrics
 
 
@@ -151,7 +154,7 @@ def minibatch_loss(network: nn.Module, learn: LearnConfig, params: Params,
                           observation_rank=learn.observation_rank)
     log_prob = networks.log_prob(policy, mb["action"], continuous=continuous)
     surrogate = losses.clipped_surrogate_loss(
-        log_prob, mb["old_log_prob"], mb["advantage"], mb["mask"], mb["weight"],
+        log_prob, mb["old_log_prob"], mb["advantage"], mb["mask"], mb.get("weight"),
         clip_eps=hparams["clip_eps"])
     v_loss = losses.value_loss(value, mb["old_value"], mb["return"], mb["mask"],
                                clip_eps=hparams["value_clip_eps"])
@@ -192,8 +195,8 @@ def optimise(network: nn.Module, optimizer: optax.GradientTransformation, learn:
         minibatches = jax.tree.map(
             lambda x: jnp.take(x, permutation, axis=0).reshape(
                 (num_minibatches, n // num_minibatches) + x.shape[1:]), flat)
-        return jax.lax.scan(minibatch_step, carry, minibatches,
-                            unroll=num_minibatches if unroll else 1)
+        return scans.scan_with_metrics(minibatch_step, carry, minibatches,
+                                       unroll=num_minibatches if unroll else 1)
 
     return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, learn.num_epochs),
                         unroll=learn.num_epochs if unroll else 1)
