@@ -298,3 +298,28 @@ def pytest_xdist_auto_num_workers(config) -> int:
     except (ValueError, OSError):
         memory_gib = 24.0
     return max(1, min(cores or 1, 4, int(memory_gib // 6)))
+
+
+def _cpu_model() -> str:
+    """The CPU's model name as Linux reports it (lscpu's 'Model name'), else the platform's."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def pytest_report_header(config) -> list[str]:
+    """The CPU and core count at the top of every run's log: a failure that shows on one
+    vendor's CPU and not another's can then be told apart from the log alone."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return [f"cpu: {_cpu_model()}, {cores} cores"]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The same line at the end, where `-q` runs (CI's) show it too, beside the counts."""
+    terminalreporter.write_line(pytest_report_header(terminalreporter.config)[0])
