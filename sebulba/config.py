@@ -93,6 +93,7 @@ class Sizes:
     envs_per_actor_thread: int
     env_threads: int  # envpool C++ threads per actor thread (config.env.num_threads)
     derived: tuple[str, ...] = ()  # the fields of SIZE_FIELDS left to `derive_sizes`
+    machine: Machine | None = None  # what they were derived on
 
     def fields(self) -> dict[str, Any]:
         """{config field: value} for every field of SIZE_FIELDS."""
@@ -142,7 +143,7 @@ def derive_sizes(machine: Machine, *, actor_device_ids: tuple[int, ...] = (),
         env_threads = env_threads or max(1, cores // (2 * a * threads))
     return Sizes(actor_device_ids=actors, learner_device_ids=learners,
                  actor_threads_per_device=threads, envs_per_actor_thread=envs,
-                 env_threads=env_threads, derived=derived)
+                 env_threads=env_threads, derived=derived, machine=machine)
 
 
 def _size_or_auto(config: ml_collections.ConfigDict, field: str) -> int:
