@@ -223,13 +223,16 @@ def end_to_end_shares(config, num_updates: int) -> tuple[Rate, dict[str, float]]
     sebulba.train(config, log_fn=log)
     (t0, c0, s0), (t1, c1, s1) = marks[1], marks[-1]
     steady = records[2:] or records[-1:]
-    # An actor thread's wall time per rollout: T x B steps at its share of the actors' rate.
-    rollout_s = np.mean([config.rollout_length * config.envs_per_actor_thread * n
-                         / r["actor_steps_per_second"] for r in steady])
-    shares = {part: float(np.mean([r[key] for r in steady]) / rollout_s)
+    # Each record covers one update: its seconds, and the rollouts the actors finished in them
+    # (whose parts' seconds it gives per rollout); the threads' time is n x the seconds.
+    seconds = [per_update / r["steps_per_second"] for r in steady]
+    rollouts = [r["actor_steps_per_second"] * s
+                / (config.rollout_length * config.envs_per_actor_thread)
+                for r, s in zip(steady, seconds)]
+    shares = {part: sum(r[key] * k for r, k in zip(steady, rollouts)) / (n * sum(seconds))
               for part, key in ACTOR_PARTS.items()}
-    shares["learner waiting for rollouts"] = float(np.mean(
-        [r["learner_wait_fraction"] for r in steady]))
+    shares["learner waiting for rollouts"] = sum(
+        r["learner_wait_fraction"] * s for r, s in zip(steady, seconds)) / sum(seconds)
     return Rate((s1 - s0) / (t1 - t0), (c1 - c0) / (t1 - t0)), shares
 
 
