@@ -11,6 +11,7 @@ import agents
 import envs_jax
 from podracer import config as cfg
 from podracer.agent import Agent
+from podracer.machine import Machine, detect
 
 # The checkpoint and evaluation fields, shared with Sebulba (see `podracer.config`).
 DEFAULTS: dict[str, Any] = cfg.RUN_OPTION_DEFAULTS
@@ -32,7 +33,8 @@ def default_config() -> ml_collections.ConfigDict:
     config.agent = None  # the experiment sets it, e.g. config.agent = vtrace.default_config()
     # 32 x 16 = 512 transitions per update: about 2,000 updates per million steps, with
     # which every shipped agent's defaults learn Catch and classic control (docs/results.md).
-    # For throughput on many devices raise num_envs (the benchmarks use 256 per device).
+    # For throughput on many devices raise num_envs (the benchmarks use 256 per device), or set
+    # 0 to derive it from the machine (`derive_num_envs`: 32 on a CPU, 256 per accelerator).
     config.num_envs = 32  # environments in total, split evenly over the devices
     config.rollout_length = 16  # T: steps per trajectory (and per update)
     config.updates_per_chunk = 50  # K: updates per compiled call; one log line per chunk
@@ -118,6 +120,20 @@ def _validate_sweep(config: ml_collections.ConfigDict, sweepable: tuple[str, ...
                               "give every swept field one value per run (they are zipped)")
 
 
+CPU_NUM_ENVS = 32  # environments in total on a CPU: the default every result here used
+ACCELERATOR_ENVS_PER_DEVICE = 256
+
+
+def derive_num_envs(machine: Machine, num_devices: int) -> int:
+    """`num_envs` left to the machine (0): on a CPU 32 in total (rounded up to a multiple of the
+    devices; simulated CPU devices share the host's cores), with accelerators 256 per device.
+    It is the learner batch too (num_envs x rollout_length per update): schedules counted in
+    updates move with it."""
+    if machine.accelerated:
+        return ACCELERATOR_ENVS_PER_DEVICE * num_devices
+    return -(-CPU_NUM_ENVS // num_devices) * num_devices
+
+
 def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> int:
     """Checks `config` and returns the number of devices the run will use."""
     return check(config, num_available_devices).num_devices
@@ -131,11 +147,15 @@ class Checked:
     num_devices: int
     env: envs_jax.Environment
     agent: Agent
+    num_envs: int = 0  # config.num_envs, or derived from `machine` where it is 0
+    machine: Machine | None = None  # set where num_envs was derived
 
 
-def check(config: ml_collections.ConfigDict, num_available_devices: int) -> Checked:
+def check(config: ml_collections.ConfigDict, num_available_devices: int,
+          machine: Machine | None = None) -> Checked:
     """Checks `config` (a bad field raises `ConfigError`, naming it and the fix) and returns
-    the device count, environment and agent it describes."""
+    the device count, environment and agent it describes; a `num_envs` of 0 is derived on
+    `machine` (this process's by default)."""
     env_name = cfg.get(config, "env.name")
     extra = envs_jax.missing_extra(env_name) if isinstance(env_name, str) else None
     if extra is not None:
@@ -146,9 +166,9 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int) -> Chec
         # Listing the adapters imports their libraries (seconds): only for non-native names.
         cfg.require_choice(config, "env.name", envs_jax.registered())
     cfg.require_agent(config, agents.registered())
-    cfg.require_positive(config, "num_envs", "rollout_length", "updates_per_chunk",
+    cfg.require_positive(config, "rollout_length", "updates_per_chunk",
                          "total_env_steps", "agent.learning_rate")
-    cfg.require_non_negative(config, "num_devices", "env.max_episode_steps", "seed")
+    cfg.require_non_negative(config, "num_envs", "num_devices", "env.max_episode_steps", "seed")
     frame_stack = config.env.get("frame_stack", 1)
     if not isinstance(frame_stack, int) or isinstance(frame_stack, bool) or frame_stack < 1:
         raise cfg.ConfigError("env.frame_stack", f"must be an integer >= 1, got {frame_stack!r}",
@@ -162,7 +182,12 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int) -> Chec
             f"asks for {num_devices} devices but only {num_available_devices} are present",
             f"use at most {num_available_devices}, or 0 for all of them",
         )
-    cfg.require_divisible(config, "num_envs", num_devices, "the number of devices")
+    num_envs = config.num_envs
+    if num_envs:
+        cfg.require_divisible(config, "num_envs", num_devices, "the number of devices")
+    else:
+        machine = detect() if machine is None else machine
+        num_envs = derive_num_envs(machine, num_devices)
     env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
     env = envs_jax.wrap_for_training(env, config.env.max_episode_steps or None,
                                      frame_stack=frame_stack)
@@ -179,4 +204,5 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int) -> Chec
     if config.get("sweep") is not None:
         sweepable = agent.sweepable if agent.set_hparams is not None else ()
         _validate_sweep(config, sweepable, config.agent.name)
-    return Checked(num_devices=num_devices, env=env, agent=agent)
+    return Checked(num_devices=num_devices, env=env, agent=agent, num_envs=num_envs,
+                   machine=None if config.num_envs else machine)

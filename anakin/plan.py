@@ -15,6 +15,7 @@ import envs_jax
 from anakin.config import Run, check, option, sweep_runs
 from podracer import metrics as metrics_lib
 from podracer.agent import Agent
+from podracer.machine import Machine
 from podracer.workdir import recorded_config
 
 
@@ -40,6 +41,7 @@ class RunPlan:
     checkpoint_every: int  # updates; 0: only at the end and on SIGTERM
     checkpoint_keep: int
     is_main: bool  # process 0 of the run: the one that writes records and prints
+    machine: Machine | None = None  # what num_envs was derived from (None: the config set it)
 
     @property
     def num_runs(self) -> int:
@@ -69,16 +71,16 @@ def make_plan(config: ml_collections.ConfigDict, num_available_devices: int) -> 
     run on `num_available_devices` devices."""
     checked = check(config, num_available_devices)
     runs = sweep_runs(config)
-    steps_per_chunk = config.updates_per_chunk * config.rollout_length * config.num_envs
+    steps_per_chunk = config.updates_per_chunk * config.rollout_length * checked.num_envs
+    recorded = {**metrics_lib.config_to_dict(config), "num_envs": checked.num_envs}
     return RunPlan(
-        config=recorded_config(metrics_lib.config_to_dict(config),
-                               agents.choices(config.agent, checked.env.spec())),
+        config=recorded_config(recorded, agents.choices(config.agent, checked.env.spec())),
         agent_name=config.agent.name,
         env_name=config.env.name,
         env=checked.env,
         agent=checked.agent,
         num_devices=checked.num_devices,
-        num_envs=config.num_envs,
+        num_envs=checked.num_envs,
         rollout_length=config.rollout_length,
         updates_per_chunk=config.updates_per_chunk,
         num_chunks=-(-config.total_env_steps // steps_per_chunk),
@@ -90,4 +92,5 @@ def make_plan(config: ml_collections.ConfigDict, num_available_devices: int) -> 
         checkpoint_every=option(config, "checkpoint_every_updates"),
         checkpoint_keep=option(config, "checkpoint_keep"),
         is_main=jax.process_index() == 0,
+        machine=checked.machine,
     )

@@ -207,12 +207,20 @@ def _open_records(session: RunSession, plan: RunPlan, start: _Start) -> workdir_
         progress=not plan.sweep)
 
 
+def _derived(plan: RunPlan) -> str:
+    """' (derived from the machine: ...)' where num_envs was left to it."""
+    if plan.machine is None:
+        return ""
+    return f" (derived from the machine: {plan.machine.describe()})"
+
+
 def _print_banner(plan: RunPlan, session: RunSession, start: _Start,
                   compile_seconds: float) -> None:
     processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
     print(f"Anakin: {plan.agent_name} on {plan.env_name}, {plan.describe()}, "
           f"{plan.num_devices} device(s){processes} ({jax.devices()[0].platform}), "
-          f"{plan.num_envs} envs, T={plan.rollout_length}, {plan.updates_per_chunk} "
+          f"{plan.num_envs} envs{_derived(plan)}, T={plan.rollout_length}, "
+          f"{plan.updates_per_chunk} "
           f"updates/chunk, {plan.num_chunks} chunks; acting with "
           f"{parameter_count(plan.agent, plan.env.spec()):,} parameters; compiled in "
           f"{compile_seconds:.1f}s", flush=True)

@@ -58,6 +58,9 @@ class ActorFigures:
     rollouts: int = 0
     put_wait_s: float = 0.0
     params_wait_s: float = 0.0
+    inference_s: float = 0.0  # acting: from dispatching `act` until its actions are on the host
+    env_s: float = 0.0  # stepping the host environments
+    transfer_s: float = 0.0  # handing each step's observations to the actor device
     episode_returns: list[float] = dataclasses.field(default_factory=list)
     episode_lengths: list[int] = dataclasses.field(default_factory=list)
 
@@ -70,13 +73,17 @@ class ActorCounters:
         self._figures = ActorFigures()
 
     def add(self, *, env_steps: int, put_wait_s: float, params_wait_s: float,
-            episode_returns: list[float], episode_lengths: list[int]) -> None:
+            episode_returns: list[float], episode_lengths: list[int],
+            inference_s: float = 0.0, env_s: float = 0.0, transfer_s: float = 0.0) -> None:
         with self._lock:
             f = self._figures
             f.env_steps += env_steps
             f.rollouts += 1
             f.put_wait_s += put_wait_s
             f.params_wait_s += params_wait_s
+            f.inference_s += inference_s
+            f.env_s += env_s
+            f.transfer_s += transfer_s
             f.episode_returns.extend(episode_returns)
             f.episode_lengths.extend(episode_lengths)
 
@@ -199,6 +206,7 @@ class Actor:
             observations, actions, extras = [observed], [], []
             rewards, discounts = [timestep.reward], [timestep.discount]
             returns, lengths = [], []
+            inference_s = env_s = transfer_s = 0.0
             for _ in range(self.rollout_length):
                 if stop.is_set():
                     return
@@ -206,13 +214,22 @@ class Actor:
                     version, params = store.newest(device_index)
                     oldest, newest = min(oldest, version), max(newest, version)
                 # The first call compiles: not a stall, however long it takes.
+                act_start = time.perf_counter()
                 with actor_clock.busy() if first else contextlib.nullcontext():
                     action, actor_state, extra, key = self.act(params, actor_state, observed,
                                                                key)
                     first = False
-                timestep = self.env.step(np.asarray(action))
+                    host_action = np.asarray(action)
+                env_start = time.perf_counter()
+                timestep = self.env.step(host_action)
                 actor_clock.tick()
+                transfer_start = time.perf_counter()
+                # Dispatched: a copy still running when the next `act` needs it counts there.
                 observed = jax.device_put(acting_view(timestep), device)
+                transfer_end = time.perf_counter()
+                inference_s += env_start - act_start
+                env_s += transfer_start - env_start
+                transfer_s += transfer_end - transfer_start
                 observations.append(observed)
                 rewards.append(timestep.reward)
                 discounts.append(timestep.discount)
@@ -237,4 +254,5 @@ class Actor:
                 self.counters.add(env_steps=self.rollout_length * envs_per_thread,
                                   put_wait_s=time.perf_counter() - put_start,
                                   params_wait_s=params_wait, episode_returns=returns,
-                                  episode_lengths=lengths)
+                                  episode_lengths=lengths, inference_s=inference_s,
+                                  env_s=env_s, transfer_s=transfer_s)

@@ -4,6 +4,7 @@ compilation starts, and the device topology it resolves to."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import ml_collections
@@ -11,6 +12,7 @@ import numpy as np
 
 import agents
 from podracer import config as cfg
+from podracer.machine import Machine, detect
 from sebulba import envpool_env, host_env
 
 STALENESS = ("fixed", "latest")
@@ -33,7 +35,8 @@ def default_config() -> ml_collections.ConfigDict:
     # Evaluation's options over those (recorded, and kept to the training spec), e.g.
     # episodic_life=False for whole games.
     config.env.eval_kwargs = ml_collections.ConfigDict()
-    config.env.num_threads = 1  # envpool C++ threads per actor thread; 0 = envpool's default
+    # envpool C++ threads per actor thread; 0 = derived from the machine (`derive_sizes`)
+    config.env.num_threads = 0
     # gymnasium: worker processes per actor thread (and for the evaluation's batch), each
     # stepping its share of the batch; 0 = a SyncVectorEnv in the actor thread
     config.env.num_workers = 0
@@ -41,10 +44,13 @@ def default_config() -> ml_collections.ConfigDict:
     config.agent = None  # the experiment sets it, e.g. config.agent = vtrace.default_config()
     # Devices are indices into each process's local devices; the same ones may act and learn
     # (on an 8-GPU host, e.g. actor_device_ids=(0, 1) and learner_device_ids=(2, ..., 7)).
-    config.actor_device_ids = (0,)  # where the actor threads choose actions
-    config.learner_device_ids = (0,)  # the replicated learner, one shard of each batch each
-    config.actor_threads_per_device = 1  # each with its own envpool batch
-    config.envs_per_actor_thread = 32  # B; must be divisible by the number of learner devices
+    # The sizes below left at () or 0 are derived from the host's cores and devices
+    # (`derive_sizes`; on a CPU: device 0 for both, 1 thread x 32 envs, 1 envpool thread per
+    # 2 cores), printed at the start and recorded in config.json as derived.
+    config.actor_device_ids = ()  # where the actor threads choose actions
+    config.learner_device_ids = ()  # the replicated learner, one shard of each batch each
+    config.actor_threads_per_device = 0  # each with its own envpool batch
+    config.envs_per_actor_thread = 0  # B; must be divisible by the number of learner devices
     config.rollout_length = 32  # T: steps per trajectory
     config.staleness = "fixed"  # "fixed": exactly policy_lag versions behind | "latest"
     config.policy_lag = 1  # fixed protocol: rollout k acts with version max(k - 1 - lag, 0)
@@ -68,6 +74,128 @@ def default_config() -> ml_collections.ConfigDict:
     return config
 
 
+# THE SIZES DERIVED FROM THE MACHINE
+
+SIZE_FIELDS = ("actor_device_ids", "learner_device_ids", "actor_threads_per_device",
+               "envs_per_actor_thread", "env.num_threads")
+CPU_ENVS_PER_THREAD = 32  # B on a CPU: what every run here was sized and measured with
+ACCELERATOR_ENVS_PER_THREAD = 128  # B with accelerators (the Podracer paper's actor batch)
+MAX_THREADS_PER_DEVICE = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """The sizes of a Sebulba run in one process, each set by the config or derived."""
+
+    actor_device_ids: tuple[int, ...]
+    learner_device_ids: tuple[int, ...]
+    actor_threads_per_device: int
+    envs_per_actor_thread: int
+    env_threads: int  # envpool C++ threads per actor thread (config.env.num_threads)
+    derived: tuple[str, ...] = ()  # the fields of SIZE_FIELDS left to `derive_sizes`
+    machine: Machine | None = None  # what they were derived on
+
+    def fields(self) -> dict[str, Any]:
+        """{config field: value} for every field of SIZE_FIELDS."""
+        return dict(zip(SIZE_FIELDS, (self.actor_device_ids, self.learner_device_ids,
+                                      self.actor_threads_per_device, self.envs_per_actor_thread,
+                                      self.env_threads)))
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def derive_sizes(machine: Machine, *, actor_device_ids: tuple[int, ...] = (),
+                 learner_device_ids: tuple[int, ...] = (), actor_threads_per_device: int = 0,
+                 envs_per_actor_thread: int = 0, env_threads: int = 0) -> Sizes:
+    """The sizes of one process on `machine`: each argument left at () or 0 is derived, the
+    others are kept (and the derived ones follow from them).
+
+    On a CPU (simulated CPU devices share the host's cores, so splitting them gains nothing):
+    device 0 acts and learns, 1 actor thread of 32 environments, and envpool gets half the
+    cores, shared among the actor threads (1 thread on 2 cores). With D accelerators: the
+    first max(1, D // 4) act and the rest learn (one device does both); each actor device
+    gets one actor thread per 8 cores it has (1 to 4: while one thread's environments step,
+    another's inference runs), each of 128 environments (rounded up to a multiple of the
+    learner devices), and envpool the cores left after one per actor thread and one for the
+    learner, shared among the actor threads."""
+    derived = tuple(field for field, value in zip(
+        SIZE_FIELDS, (actor_device_ids, learner_device_ids, actor_threads_per_device,
+                      envs_per_actor_thread, env_threads)) if not value)
+    d = machine.num_devices
+    if machine.accelerated and d >= 2:
+        num_actors = max(1, d // 4)
+        split = tuple(range(num_actors)), tuple(range(num_actors, d))
+    else:
+        split = (0,), (0,)
+    actors = tuple(actor_device_ids) or split[0]
+    learners = tuple(learner_device_ids) or split[1]
+    a, cores = len(actors), machine.cores
+    if machine.accelerated:
+        threads = actor_threads_per_device or min(MAX_THREADS_PER_DEVICE,
+                                                  max(1, cores // (8 * a)))
+        envs = envs_per_actor_thread or _round_up(ACCELERATOR_ENVS_PER_THREAD, len(learners))
+        env_threads = env_threads or max(1, (cores - a * threads - 1) // (a * threads))
+    else:
+        threads = actor_threads_per_device or 1
+        envs = envs_per_actor_thread or _round_up(CPU_ENVS_PER_THREAD, len(learners))
+        env_threads = env_threads or max(1, cores // (2 * a * threads))
+    return Sizes(actor_device_ids=actors, learner_device_ids=learners,
+                 actor_threads_per_device=threads, envs_per_actor_thread=envs,
+                 env_threads=env_threads, derived=derived, machine=machine)
+
+
+def _size_or_auto(config: ml_collections.ConfigDict, field: str) -> int:
+    value = cfg.get(config, field)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise cfg.ConfigError(field, f"must be a whole number >= 0, got {value!r}",
+                              f"set --config.{field} to a positive integer, or 0 to derive it "
+                              "from the machine")
+    return value
+
+
+def resolve_sizes(config: ml_collections.ConfigDict, machine: Machine) -> Sizes:
+    """`config`'s sizes on `machine`, those left at () or 0 derived (`derive_sizes`)."""
+    ids = {}
+    for field in ("actor_device_ids", "learner_device_ids"):
+        value = cfg.get(config, field)
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = (value,)
+        if not isinstance(value, (tuple, list)):
+            raise cfg.ConfigError(field, f"must be a tuple of device indices, got {value!r}",
+                                  "use local device indices such as (0, 1), or () to derive "
+                                  "them from the machine")
+        ids[field] = tuple(value)
+    return derive_sizes(machine, **ids,
+                        actor_threads_per_device=_size_or_auto(config, "actor_threads_per_device"),
+                        envs_per_actor_thread=_size_or_auto(config, "envs_per_actor_thread"),
+                        env_threads=_size_or_auto(config, "env.num_threads"))
+
+
+def with_sizes(config: ml_collections.ConfigDict, sizes: Sizes) -> ml_collections.ConfigDict:
+    """A copy of `config` holding `sizes` in place of what it left to the machine."""
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        for field, value in sizes.fields().items():
+            node = config
+            *parents, name = field.split(".")
+            for parent in parents:
+                node = node[parent]
+            # Assigned as a fresh field: () and 0 fix no type for the derived values.
+            del node[name]
+            node[name] = value
+    return config
+
+
+def resolved(config: ml_collections.ConfigDict, machine: Machine | None = None
+             ) -> tuple[ml_collections.ConfigDict, Sizes]:
+    """`config` with its sizes resolved on `machine` (this process's by default), and the
+    sizes."""
+    sizes = resolve_sizes(config, detect() if machine is None else machine)
+    return with_sizes(config, sizes), sizes
+
+
 @dataclasses.dataclass(frozen=True)
 class Topology:
     """Which devices act and learn. Indices are local: the same in every process."""
@@ -77,6 +205,8 @@ class Topology:
     actor_threads_per_device: int
     num_processes: int
     environment: Environment | None = None  # the task as validated (see below)
+    sizes: Sizes | None = None  # every size, and which were derived from `machine`
+    machine: Machine | None = None
 
     @property
     def num_actor_threads(self) -> int:
@@ -108,16 +238,22 @@ def _device_ids(config: ml_collections.ConfigDict, field: str, num_local: int) -
 
 
 def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = None,
-             num_processes: int | None = None) -> Topology:
-    """Checks `config` and returns the topology the run will use."""
-    num_local = jax.local_device_count() if num_local_devices is None else num_local_devices
+             num_processes: int | None = None, machine: Machine | None = None) -> Topology:
+    """Checks `config` and returns the topology the run will use, its sizes left to the machine
+    derived on `machine` (this process's by default; `num_local_devices` replaces its device
+    count)."""
+    if machine is None:
+        machine = detect()
+    if num_local_devices is not None:
+        machine = dataclasses.replace(machine, num_devices=num_local_devices)
+    num_local = machine.num_devices
     num_processes = jax.process_count() if num_processes is None else num_processes
 
     cfg.require_agent(config, agents.registered())
-    cfg.require_positive(config, "envs_per_actor_thread", "actor_threads_per_device",
-                         "rollout_length", "total_env_steps", "queue_size", "log_every_updates",
-                         "timeout_s", "agent.learning_rate")
-    cfg.require_non_negative(config, "seed", "policy_lag", "env.num_threads")
+    config, sizes = resolved(config, machine)
+    cfg.require_positive(config, "rollout_length", "total_env_steps", "queue_size",
+                         "log_every_updates", "timeout_s", "agent.learning_rate")
+    cfg.require_non_negative(config, "seed", "policy_lag")
     cfg.require_choice(config, "staleness", STALENESS)
     cfg.validate_run_options(config)  # checkpoint_* and eval_*
 
@@ -135,7 +271,7 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
     return Topology(actor_device_ids=actor_ids, learner_device_ids=learner_ids,
                     actor_threads_per_device=config.actor_threads_per_device,
                     num_processes=num_processes,
-                    environment=environment)
+                    environment=environment, sizes=sizes, machine=machine)
 
 
 def _stepping(config: ml_collections.ConfigDict, kind: str) -> host_env.Stepping:

@@ -15,8 +15,9 @@ import agents
 from podracer import metrics as metrics_lib
 from podracer.agent import Agent
 from podracer.config import run_option
+from podracer.machine import Machine, detect
 from podracer.workdir import recorded_config
-from sebulba.config import Environment, Topology, validate
+from sebulba.config import Environment, Sizes, Topology, resolved, validate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +36,7 @@ class SebulbaPlan:
     num_processes: int
     # THE ENVIRONMENT AND THE AGENT, built once
     env: Environment
-    env_threads: int  # envpool C++ threads per actor thread; 0: envpool's default
+    env_threads: int  # envpool C++ threads per actor thread
     frame_skip: int  # env frames per env step
     agent: Agent
     agent_name: str
@@ -57,6 +58,9 @@ class SebulbaPlan:
     eval_max_steps: int
     timeout_s: float  # longest any thread waits for another
     save_final_params: bool
+    # WHAT THE SIZES WERE DERIVED FROM
+    machine: Machine | None = None
+    sizes: Sizes | None = None
 
     @property
     def is_main(self) -> bool:
@@ -92,8 +96,12 @@ def _devices_of_process(process_index: int) -> list[jax.Device]:
 
 def make_plan(config: ml_collections.ConfigDict) -> SebulbaPlan:
     """Validates `config` (a bad field raises `ConfigError`, naming it and the fix) and plans the
-    run on this process's devices and those of the other processes of the run."""
-    topology = validate(config)
+    run on this process's devices and those of the other processes of the run. The sizes the
+    config leaves to the machine are derived here, once (`sebulba.config.derive_sizes`), and
+    recorded in the plan's config as derived."""
+    machine = detect()
+    config, sizes = resolved(config, machine)
+    topology = validate(config, machine=machine)
     env = topology.environment
     local = jax.local_devices()
     num_processes = jax.process_count()
@@ -132,4 +140,6 @@ def make_plan(config: ml_collections.ConfigDict) -> SebulbaPlan:
         eval_max_steps=run_option(config, "eval_max_steps"),
         timeout_s=config.timeout_s,
         save_final_params=bool(config.get("save_final_params", False)),
+        machine=machine,
+        sizes=sizes,
     )

@@ -118,9 +118,10 @@ __all__ = [  # the parts' names that code imported from here before the split, t
 ]
 
 # Fields that may change between an interrupted run and its resumption: those of
-# `podracer.workdir.RESUMABLE_CHANGES`, and how often and how patiently the run logs.
+# `podracer.workdir.RESUMABLE_CHANGES`, how often and how patiently the run logs, and envpool's
+# threads (derived from the machine; they do not change what the environments compute).
 RESUMABLE_CHANGES = workdir_lib.RESUMABLE_CHANGES + ("log_every_updates", "timeout_s",
-                                                        "save_final_params")
+                                                        "save_final_params", "env.num_threads")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,6 +309,8 @@ def _run_info(plan: SebulbaPlan, mesh: jax.sharding.Mesh, start: _Start) -> dict
         "actor_threads": plan.num_actor_threads,
         "learner_batch": [plan.rollout_length, plan.steps_per_update // plan.rollout_length],
         "num_updates": plan.num_updates,
+        "machine": dataclasses.asdict(plan.machine),
+        "derived_sizes": list(plan.sizes.derived),
         "jax_version": jax.__version__,
         "config": plan.config,
         "resumed_from_updates": start.resumed_from,
@@ -340,10 +343,20 @@ def _print_banner(plan: SebulbaPlan, session: RunSession, start: _Start,
           f"T={plan.rollout_length}, {plan.num_updates} updates, staleness={plan.staleness}"
           f"{lag}; acting with {run_info['parameters']:,} parameters; compiled in "
           f"{compile_seconds:.1f}s", flush=True)
+    print(_sizes_banner(plan), flush=True)
     if start.resumed_from is not None:
         session.print_resume(start.resumed_from,
                              f"{start.resumed_from} of {plan.num_updates} updates done",
                              "; the environments start afresh")
+
+
+def _sizes_banner(plan: SebulbaPlan) -> str:
+    """The sizes the run uses, and which of them were derived from which machine."""
+    sizes = plan.sizes
+    listed = ", ".join(f"{field}={value}" for field, value in sizes.fields().items())
+    derived = (f"derived from the machine ({plan.machine.describe()}): "
+               f"{', '.join(sizes.derived)}" if sizes.derived else "none derived")
+    return f"Sebulba sizes: {listed}; {derived}"
 
 
 def _env_banner(description: dict[str, Any]) -> str:

@@ -93,3 +93,25 @@ def test_frame_stack_reaches_the_environment_the_agent_is_built_for():
     # Catch's [10, 5] board, three newest along its last axis.
     assert checked.env.observation_spec().shape == (10, 15)
     assert anakin.validate(vtrace_catch.get_config(), 1) == 1  # the default: no stack
+
+
+def test_num_envs_left_to_the_machine():
+    from podracer.machine import Machine
+
+    config = vtrace_catch.get_config()
+    config.num_envs = 0
+    # A 2-core CPU with one device: the default, 32.
+    cpu = anakin_config.check(config, 1, machine=Machine(cores=2, platform="cpu", num_devices=1))
+    assert (cpu.num_envs, cpu.machine.cores) == (32, 2)
+    # 3 simulated CPU devices: 32 rounded up to 33, 11 each.
+    assert anakin_config.check(config, 3, machine=Machine(2, "cpu", 3)).num_envs == 33
+    # One GPU on 16 cores: 256 per device.
+    assert anakin_config.check(config, 1, machine=Machine(16, "gpu", 1)).num_envs == 256
+    assert anakin_config.check(config, 2, machine=Machine(16, "gpu", 2)).num_envs == 512
+    # Set by the config: kept, and no machine recorded.
+    config.num_envs = 64
+    checked = anakin_config.check(config, 1, machine=Machine(16, "gpu", 1))
+    assert (checked.num_envs, checked.machine) == (64, None)
+    config.num_envs = -1
+    with pytest.raises(ConfigError, match="num_envs"):
+        anakin_config.check(config, 1)

@@ -6,6 +6,8 @@ from conftest import set_fields
 
 from experiments.configs import sebulba_vtrace_atari, sebulba_vtrace_cartpole
 from podracer.config import ConfigError
+from podracer.machine import Machine
+from sebulba import config as sebulba_config
 from sebulba import validate
 
 
@@ -32,7 +34,9 @@ def test_shipped_configs_are_valid():
      ["16 is not divisible", "3", "15 or 18"]),
     ({"learner_device_ids": (0, 8)}, "learner_device_ids", ["[8]", "only 8 device"]),
     ({"actor_device_ids": (9,)}, "actor_device_ids", ["[9]"]),
-    ({"actor_device_ids": ()}, "actor_device_ids", ["names no device"]),
+    ({"actor_threads_per_device": -1}, "actor_threads_per_device", [">= 0", "0 to derive"]),
+    ({"envs_per_actor_thread": -32}, "envs_per_actor_thread", ["whole number", "-32"]),
+    ({"env.num_threads": -2}, "env.num_threads", [">= 0"]),
     ({"learner_device_ids": (1, 1)}, "learner_device_ids", ["twice"]),
     ({"env.task": "CartPol-v1"}, "env.task", ["not an envpool task", "CartPole-v1"]),
     ({"env.task": "Pong-v5", "env.protocol": "none"}, "env.protocol",
@@ -83,3 +87,59 @@ def test_evaluation_options_may_differ_only_where_the_spec_stays():
     config.env.eval_kwargs.img_height = 42  # another observation shape: refused
     with pytest.raises(ConfigError, match=r"env\.eval_kwargs"):
         validate(config, num_local_devices=1, num_processes=1)
+
+
+# THE SIZES DERIVED FROM THE MACHINE (sebulba.config.derive_sizes, docs/sebulba.md)
+
+
+def _sizes(machine, **overrides):
+    config = _cartpole(**overrides)
+    return sebulba_config.resolve_sizes(config, machine)
+
+
+def test_sizes_on_a_two_core_cpu_are_the_former_defaults():
+    # The defaults before they were derived: device 0 acting and learning, 1 actor thread of
+    # 32 environments, 1 envpool thread.
+    sizes = _sizes(Machine(cores=2, platform="cpu", num_devices=1))
+    assert sizes.fields() == {"actor_device_ids": (0,), "learner_device_ids": (0,),
+                              "actor_threads_per_device": 1, "envs_per_actor_thread": 32,
+                              "env.num_threads": 1}
+    assert set(sizes.derived) == set(sebulba_config.SIZE_FIELDS)
+    # Simulated CPU devices share the cores: still device 0 only.
+    assert _sizes(Machine(cores=2, platform="cpu", num_devices=8)).fields() == sizes.fields()
+    # A 16-core CPU: half the cores to envpool.
+    assert _sizes(Machine(cores=16, platform="cpu", num_devices=1)).env_threads == 8
+
+
+def test_sizes_on_a_sixteen_core_host_with_one_gpu():
+    sizes = _sizes(Machine(cores=16, platform="gpu", num_devices=1))
+    # 16 cores // 8 = 2 threads; 128 envs each; envpool gets (16 - 2 threads - 1 learner) // 2.
+    assert sizes.fields() == {"actor_device_ids": (0,), "learner_device_ids": (0,),
+                              "actor_threads_per_device": 2, "envs_per_actor_thread": 128,
+                              "env.num_threads": 6}
+
+
+def test_sizes_on_eight_accelerators_and_explicit_fields():
+    sizes = _sizes(Machine(cores=64, platform="gpu", num_devices=8))
+    # 8 // 4 = 2 actor devices, 6 learners; 64 // (8 x 2) = 4 threads per actor device;
+    # 128 rounded up to a multiple of 6 = 132; envpool (64 - 8 - 1) // 8 = 6.
+    assert sizes.fields() == {"actor_device_ids": (0, 1), "learner_device_ids": (2, 3, 4, 5, 6, 7),
+                              "actor_threads_per_device": 4, "envs_per_actor_thread": 132,
+                              "env.num_threads": 6}
+    # What the config sets is kept, and the rest follows from it: 1 thread on (0,) leaves
+    # envpool (64 - 1 - 1) // 1 = 62 threads.
+    sizes = _sizes(Machine(cores=64, platform="gpu", num_devices=8), actor_device_ids=(0,),
+                   actor_threads_per_device=1)
+    assert (sizes.actor_device_ids, sizes.learner_device_ids) == ((0,), (2, 3, 4, 5, 6, 7))
+    assert (sizes.actor_threads_per_device, sizes.env_threads) == (1, 62)
+    assert sizes.derived == ("learner_device_ids", "envs_per_actor_thread", "env.num_threads")
+
+
+def test_validate_resolves_and_records_the_derived_sizes():
+    machine = Machine(cores=16, platform="gpu", num_devices=1)
+    topology = validate(_cartpole(), num_processes=1, machine=machine)
+    assert topology.actor_threads_per_device == 2 and topology.environment.stepping.num_threads == 6
+    config, _ = sebulba_config.resolved(_cartpole(), machine)
+    assert (config.envs_per_actor_thread, config.env.num_threads) == (128, 6)
+    # A resolved config resolves to itself.
+    assert sebulba_config.resolve_sizes(config, Machine(2, "cpu", 1)).derived == ()

@@ -121,8 +121,14 @@ def test_fixed_lag_one_is_exact(fixed_lag_run):
                 "learner_wait_fraction", "actor_put_wait_s", "actor_params_wait_s", "loss",
                 "steps_per_second", "env_frames"):
         assert key in record
+    # Where the actor threads' time went, per rollout: each part took some time.
+    parts = [record[k] for k in ("actor_inference_s", "actor_env_s", "actor_transfer_s")]
+    assert all(p > 0 for p in parts)
     assert record["env_steps"] == 12 * 2 * 12 * 8
     assert result.run_info["environment"]["envpool_version"] == "1.2.5"
+    # The sizes the config left to the machine are named in run_info.json.
+    assert result.run_info["derived_sizes"] == ["env.num_threads"]
+    assert result.run_info["machine"]["platform"] == "cpu"
 
 
 def test_fixed_lag_run_repeats_bit_for_bit():

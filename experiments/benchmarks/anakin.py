@@ -113,9 +113,14 @@ def main(argv):
     print(f"ceiling (env only, random actions): {env_sps:>12,.0f} env steps/s")
     print(f"anakin (act + step + learn):        {anakin_sps:>12,.0f} env steps/s "
           f"({100 * anakin_sps / env_sps:.0f}% of ceiling)")
+    # The chunk's parts are fused in one program; the environment's share is estimated by
+    # its time alone in the same scan structure.
+    env_share = env_seconds / seconds[DEVICE_AXIS]
+    print(f"shares of a chunk: environment stepping ~{100 * env_share:.0f}% (its time alone), "
+          f"acting and learning the rest ~{100 * (1 - env_share):.0f}%")
     result = {"devices": num_devices, "processes": jax.process_count(),
               "envs_per_device": n, "ceiling_sps": env_sps, "anakin_sps": anakin_sps,
-              "load": load}
+              "env_share": env_share, "load": load}
     if None in seconds:
         alone_sps = steps_per_chunk / seconds[None]
         print(f"anakin without cross-device means:  {alone_sps:>12,.0f} env steps/s (the "

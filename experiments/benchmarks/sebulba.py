@@ -12,11 +12,18 @@ The slowest part alone is the ceiling; Sebulba's job is to overlap the rest behi
 also reports the cores it keeps busy (process CPU seconds per wall second); when the parts share
 the same cores (simulated CPU devices), the run prints the CPU-time bound too: the cores
 divided by the CPU seconds all parts need per agent step, which end to end cannot beat either.
-Then,
-as Figure 4b, end-to-end frames/s for several actor batch sizes (environments per actor
-thread). Frames are environment frames: agent steps x frame skip (4).
+The end-to-end run's own timers then say where its time went, as shares of one run: of
+an actor thread's time, inference (until the actions are on the host), host environment
+stepping, handing observations to the device, and waits for a parameter version or for room in
+the queue; of the learner thread's, waiting for rollouts (the rest is dispatching updates).
+Then, as Figure 4b, end-to-end frames/s for several actor batch sizes (environments per actor
+thread) and actor threads per device, each next to envpool alone with the same batches and
+threads. Frames are environment frames: agent steps x frame skip (4).
 
-    python -m experiments.benchmarks.sebulba [--config.agent.torso=conv] [--batch_sizes=8,16,32]
+    python -m experiments.benchmarks.sebulba [--config.agent.torso=conv] \
+        [--batch_sizes=16,32,64,128] [--thread_counts=1,2,4]
+
+Sizes the config leaves to the machine are derived as a run would (`sebulba.derive_sizes`).
 
 On CPU, `--cpu_devices` simulated devices are made (default 2: actor cpu:0, learner cpu:1);
 they share the host's cores, so every part competes with the others for them.
@@ -41,6 +48,8 @@ _E2E_UPDATES = flags.DEFINE_integer("e2e_updates", 8, "Updates in each end-to-en
                                     "first two are warm-up.")
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", [], "Envs per actor thread for the Figure 4b "
                                  "sweep (empty: no sweep).")
+_THREAD_COUNTS = flags.DEFINE_list("thread_counts", [], "Actor threads per actor device for "
+                                   "the Figure 4b sweep (empty: the config's).")
 _SWEEP_TORSO = flags.DEFINE_string("sweep_torso", "", "Torso for the sweep (default: config's).")
 _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 2, "Simulated CPU devices (CPU only).")
 
@@ -69,6 +78,7 @@ import agents
 import sebulba
 from podracer import replication
 from podracer.types import TimeStep
+from sebulba import config as sebulba_config
 from sebulba import envpool_env, learner
 from sebulba.actor import acting_view, make_actor_functions
 
@@ -187,18 +197,59 @@ def learner_alone(config, agent, spec, num_updates: int) -> Rate:
     return Rate(steps / elapsed, (time.process_time() - cpu) / elapsed)
 
 
-def end_to_end(config, num_updates: int) -> Rate:
-    """Steady-state agent steps per second of `sebulba.train` (after two warm-up updates)."""
+# The actor threads' timers in each metrics record (seconds per rollout), by part.
+ACTOR_PARTS = {"inference": "actor_inference_s", "host env stepping": "actor_env_s",
+               "host->device transfer": "actor_transfer_s",
+               "waiting for parameters": "actor_params_wait_s",
+               "waiting for queue room": "actor_put_wait_s"}
+
+
+def end_to_end_shares(config, num_updates: int) -> tuple[Rate, dict[str, float]]:
+    """Steady-state agent steps per second of `sebulba.train` (after two warm-up updates), and
+    where its time went: each actor part's share of an actor thread's time, and the learner
+    thread's share spent waiting for rollouts (`ACTOR_PARTS`, "learner waiting for rollouts"),
+    averaged over the records after the warm-up."""
     config = config.copy_and_resolve_references()
     n = config.actor_threads_per_device * len(config.actor_device_ids)
     per_update = n * config.envs_per_actor_thread * config.rollout_length
     config.total_env_steps = num_updates * per_update
     config.log_every_updates = 1
-    marks = []
-    sebulba.train(config, log_fn=lambda r: marks.append(
-        (time.perf_counter(), time.process_time(), r["env_steps"])))
+    marks, records = [], []
+
+    def log(record):
+        marks.append((time.perf_counter(), time.process_time(), record["env_steps"]))
+        records.append(record)
+
+    sebulba.train(config, log_fn=log)
     (t0, c0, s0), (t1, c1, s1) = marks[1], marks[-1]
-    return Rate((s1 - s0) / (t1 - t0), (c1 - c0) / (t1 - t0))
+    steady = records[2:] or records[-1:]
+    # Each record covers one update: its seconds, and the rollouts the actors finished in them
+    # (whose parts' seconds it gives per rollout); the threads' time is n x the seconds.
+    seconds = [per_update / r["steps_per_second"] for r in steady]
+    rollouts = [r["actor_steps_per_second"] * s
+                / (config.rollout_length * config.envs_per_actor_thread)
+                for r, s in zip(steady, seconds)]
+    shares = {part: sum(r[key] * k for r, k in zip(steady, rollouts)) / (n * sum(seconds))
+              for part, key in ACTOR_PARTS.items()}
+    shares["learner waiting for rollouts"] = sum(
+        r["learner_wait_fraction"] * s for r, s in zip(steady, seconds)) / sum(seconds)
+    return Rate((s1 - s0) / (t1 - t0), (c1 - c0) / (t1 - t0)), shares
+
+
+def end_to_end(config, num_updates: int) -> Rate:
+    """Steady-state agent steps per second of `sebulba.train` (after two warm-up updates)."""
+    return end_to_end_shares(config, num_updates)[0]
+
+
+def shares_table(shares: dict[str, float]) -> str:
+    """The shares of `end_to_end_shares` as a markdown table."""
+    rows = [f"| actor thread: {part} | {100 * shares[part]:.0f}% |" for part in ACTOR_PARTS]
+    rows.append(f"| actor thread: the rest (packing, sending shards, Python) | "
+                f"{100 * max(0.0, 1 - sum(shares[p] for p in ACTOR_PARTS)):.0f}% |")
+    rows.append(f"| learner thread: waiting for rollouts | "
+                f"{100 * shares['learner waiting for rollouts']:.0f}% |")
+    return "| part of one end-to-end run | share of its thread's time |\n|---|---:|\n" + (
+        "\n".join(rows))
 
 
 def main(argv):
@@ -207,6 +258,7 @@ def main(argv):
     if jax.default_backend() == "cpu" and _CPU_DEVICES.value >= 2:
         config.actor_device_ids = (0,)
         config.learner_device_ids = (1,)
+    config, sizes = sebulba_config.resolved(config)
     sebulba.validate(config)
     options = envpool_env.make_options(config.env.task, config.env.protocol, config.env.kwargs)
     spec = envpool_env.env_spec(config.env.task, options)
@@ -220,8 +272,9 @@ def main(argv):
           f"{list(config.learner_device_ids)}; {jax.devices()[0].platform} "
           f"({jax.device_count()} devices), {os.cpu_count()} CPU cores "
           f"({platform.processor() or platform.machine()}), load average at start "
-          f"{load[0]:.1f}; jax {jax.__version__}, envpool {envpool_env.envpool.__version__}",
-          flush=True)
+          f"{load[0]:.1f}; jax {jax.__version__}, envpool {envpool_env.envpool.__version__}; "
+          f"{sizes.env_threads} envpool thread(s) per actor thread; derived from the machine: "
+          f"{', '.join(sizes.derived) or 'nothing'}", flush=True)
 
     params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
     parts: dict[str, Rate] = {}
@@ -234,7 +287,7 @@ def main(argv):
              lambda: learner_alone(config, agent, spec, _LEARNER_UPDATES.value))):
         parts[name] = measure()
         print(f"{name}: {parts[name].steps_per_second * frame_skip:,.0f} frames/s", flush=True)
-    e2e = end_to_end(config, _E2E_UPDATES.value)
+    e2e, shares = end_to_end_shares(config, _E2E_UPDATES.value)
     ceiling_name = min(parts, key=lambda name: parts[name].steps_per_second)
     ceiling = parts[ceiling_name].steps_per_second
 
@@ -257,27 +310,39 @@ def main(argv):
           f"{'the slowest part' if bound == ceiling else 'the CPU time'}; end to end = "
           f"{100 * e2e.steps_per_second / bound:.0f}% of it.", flush=True)
 
-    if _BATCH_SIZES.value:
+    print("\n" + shares_table(shares), flush=True)
+
+    if _BATCH_SIZES.value or _THREAD_COUNTS.value:
         sweep = config.copy_and_resolve_references()
         if _SWEEP_TORSO.value:
             sweep.agent.torso = _SWEEP_TORSO.value
-        print(f"\nFigure 4b: frames/s against actor batch size (torso={sweep.agent.torso}, "
-              f"{n} actor thread(s), T={sweep.rollout_length})\n")
-        print("| envs per actor thread | learner batch (trajectories) | envpool alone | "
-              "actor alone | learner alone | Sebulba end to end |")
-        print("|---:|---:|---:|---:|---:|---:|")
+        print(f"\nFigure 4b: frames/s against actor batch size and actor threads "
+              f"(torso={sweep.agent.torso}, {len(sweep.actor_device_ids)} actor device(s), "
+              f"T={sweep.rollout_length})\n")
+        print("| actor threads per device | envs per actor thread | learner batch "
+              "(trajectories) | envpool alone | actor alone | learner alone | "
+              "Sebulba end to end | end to end / envpool alone |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
         seconds = max(5.0, _SECONDS.value / 2)
         agent = agents.make(sweep.agent, spec)
         params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
-        for b in map(int, _BATCH_SIZES.value):
-            sweep.envs_per_actor_thread = b
-            rates = [envpool_alone(sweep, options, seconds),
-                     actor_alone(sweep, options, agent, spec, params, seconds),
-                     learner_alone(sweep, agent, spec, _LEARNER_UPDATES.value),
-                     end_to_end(sweep, _E2E_UPDATES.value)]
-            print(f"| {b} | {b * n} | "
-                  + " | ".join(f"{r.steps_per_second * frame_skip:,.0f}" for r in rates)
-                  + " |", flush=True)
+        for threads in map(int, _THREAD_COUNTS.value or [sweep.actor_threads_per_device]):
+            for b in map(int, _BATCH_SIZES.value or [sweep.envs_per_actor_thread]):
+                sweep.actor_threads_per_device, sweep.envs_per_actor_thread = threads, b
+                if "env.num_threads" in sizes.derived:  # as a run with these sizes would
+                    sweep.env.num_threads = sebulba_config.derive_sizes(
+                        sizes.machine, actor_device_ids=tuple(sweep.actor_device_ids),
+                        learner_device_ids=tuple(sweep.learner_device_ids),
+                        actor_threads_per_device=threads, envs_per_actor_thread=b).env_threads
+                trajectories = threads * len(sweep.actor_device_ids) * b
+                rates = [envpool_alone(sweep, options, seconds),
+                         actor_alone(sweep, options, agent, spec, params, seconds),
+                         learner_alone(sweep, agent, spec, _LEARNER_UPDATES.value),
+                         end_to_end(sweep, _E2E_UPDATES.value)]
+                print(f"| {threads} | {b} | {trajectories} | "
+                      + " | ".join(f"{r.steps_per_second * frame_skip:,.0f}" for r in rates)
+                      + f" | {100 * rates[3].steps_per_second / rates[0].steps_per_second:.0f}%"
+                      " |", flush=True)
 
 
 if __name__ == "__main__":

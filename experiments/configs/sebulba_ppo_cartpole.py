@@ -27,6 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.num_epochs = 4
     config.agent.num_minibatches = 4  # per learner device
     config.agent.off_policy = "plain"  # "plain" | "corrected": what to do with stale data
+    config.actor_threads_per_device = 1  # the learning-rate schedule below counts on it
     config.envs_per_actor_thread = 8
     config.rollout_length = 128
     config.policy_lag = 0  # on-policy; 1 overlaps acting with learning (off-policy by 1)

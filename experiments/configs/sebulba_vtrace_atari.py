@@ -22,7 +22,6 @@ def get_config() -> ml_collections.ConfigDict:
     config = sebulba.default_config()
     config.env.task = "Pong-v5"  # any envpool Atari task id ("<Game>-v5")
     config.env.protocol = "impala"  # "impala" | "machado" | "atari100k"[_grey] (ATARI_PROTOCOLS)
-    config.env.num_threads = 0  # envpool C++ threads per actor thread: envpool's default
     config.agent = vtrace.default_config()
     config.agent.torso = "resnet"  # IMPALA deep residual torso; "conv" for the shallow one
     config.agent.learning_rate = 6e-4

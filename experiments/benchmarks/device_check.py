@@ -1,0 +1,357 @@
+"""One prepared check of the devices found: every figure the accelerator questions need, each
+next to its ceiling measured in the same run, written as one JSON and one markdown table.
+
+Parts (each with a time cap; a part whose cap is spent skips its remaining points, and a part
+that fails is reported as failed, so that the check always finishes and writes its files):
+  anakin_catch    Anakin V-trace on Catch at 256 and 4,096 envs per device, against the
+                  environment alone in the same scan structure (`_ceiling.py`)
+  muzero_search   MuZero's PUCT and Gumbel searches: simulations/s and the share of their time
+                  spent in the network passes alone (as `muzero.py`)
+  muzero_learner  MuZero-Anakin on Catch (acting with search, replay, updates) and its learner
+                  updates alone
+  sebulba_pong    Sebulba V-trace on Pong (envpool Atari, IMPALA protocol) at the sizes derived
+                  from the machine and at 2 threads x 16 envs, each against envpool alone with the
+                  same batches and threads, with the end-to-end run's shares of time; skipped
+                  with the reason when envpool's Atari games cannot be made
+
+    python -m experiments.benchmarks.device_check [--out=DIR]    # at most 8 minutes on a GPU
+    python -m experiments.benchmarks.device_check --smoke         # tiny sizes, CPU, < 1 minute
+
+On a CPU, importing the Sebulba benchmark's parts makes two simulated CPU devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from absl import app, flags
+
+# Sets up simulated CPU devices before JAX starts, and holds the Sebulba parts.
+from experiments.benchmarks import sebulba as sebulba_bench  # isort: skip
+
+import jax
+import jax.numpy as jnp
+
+import agents
+import anakin
+import envs_jax
+from agents import muzero
+from experiments.benchmarks._ceiling import best_call_time, best_time, env_ceiling_seconds
+from experiments.configs import muzero_catch, sebulba_vtrace_atari, vtrace_catch
+from podracer import machine as machine_lib
+from podracer import replication
+from sebulba import config as sebulba_config
+from sebulba import envpool_env
+
+_OUT = flags.DEFINE_string("out", "", "Directory for device_check.json and device_check.md "
+                           "(default: a new temporary directory, printed).")
+_SMOKE = flags.DEFINE_bool("smoke", False, "Every part at tiny sizes (CPU, under a minute).")
+
+# Seconds each part may start new measurements for (a compile or measurement under way
+# finishes): together at most 8 minutes with start-up.
+CAPS_S = {"anakin_catch": 90.0, "muzero_search": 60.0, "muzero_learner": 60.0,
+          "sebulba_pong": 200.0}
+PARTS = tuple(CAPS_S)
+ROW_KEYS = ("part", "setting", "figure", "unit", "against", "against_figure", "ratio")
+
+
+class Budget:
+    """A part's time cap: `spent()` once `cap_s` seconds have passed since it began."""
+
+    def __init__(self, cap_s: float):
+        self.start, self.cap_s = time.perf_counter(), cap_s
+
+    def spent(self) -> bool:
+        return time.perf_counter() - self.start > self.cap_s
+
+
+def _row(part: str, setting: str, figure: float, unit: str, against: str = "",
+         against_figure: float | None = None) -> dict[str, Any]:
+    ratio = figure / against_figure if against_figure else None
+    return {"part": part, "setting": setting, "figure": figure, "unit": unit,
+            "against": against, "against_figure": against_figure, "ratio": ratio}
+
+
+# ---------------------------------------------------------------------------------------------
+# ANAKIN V-TRACE ON CATCH
+
+
+def anakin_catch(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
+    config = vtrace_catch.get_config()
+    rollout_length, updates, repeats = (4, 2, 1) if smoke else (20, 50, 3)
+    env = envs_jax.wrap_for_training(envs_jax.make(config.env.name))
+    agent = agents.make(config.agent, env.spec())
+    num_devices = jax.device_count()
+    mesh = replication.make_mesh(jax.devices())
+    rows, skipped = [], []
+    for n in (8, 64) if smoke else (256, 4096):
+        if budget.spent():
+            skipped.append(f"{n} envs per device: time cap")
+            continue
+        env_s = env_ceiling_seconds(env, mesh, envs_per_device=n, rollout_length=rollout_length,
+                                    updates_per_chunk=updates, repeats=repeats)
+        init, chunk = anakin.make_programs(agent, env, envs_per_device=n,
+                                           rollout_length=rollout_length,
+                                           updates_per_chunk=updates)
+        env_keys = replication.from_global(
+            jax.random.split(jax.random.PRNGKey(1), num_devices), mesh)
+        params_keys = replication.from_global(
+            jnp.broadcast_to(jax.random.PRNGKey(2), (num_devices, 2)), mesh)
+        state = replication.replicate(init, mesh)(env_keys, params_keys)
+        seconds = best_time(replication.replicate(chunk, mesh, donate_argnums=0), state, repeats)
+        steps = updates * rollout_length * n * num_devices
+        rows.append(_row("anakin_catch", f"{n} envs/device x {num_devices} device(s), "
+                         f"T={rollout_length}", steps / seconds, "env steps/s",
+                         "environment alone", steps / env_s))
+    return rows, skipped
+
+
+# ---------------------------------------------------------------------------------------------
+# MUZERO: SEARCH, MUZERO-ANAKIN AND THE LEARNER
+
+
+def muzero_search(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
+    config = muzero_catch.get_config()
+    env = envs_jax.wrap_for_training(envs_jax.make(config.env.name))
+    spec = env.spec()
+    roots, sims, repeats = (4, 2, 1) if smoke else (256, 16, 3)
+    agent_config = config.agent.copy_and_resolve_references()
+    agent_config.num_simulations = sims
+    network = muzero.make_network(agent_config, spec)
+    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1,) + spec.observation.shape),
+                          jnp.zeros((1,), jnp.int32))
+    timestep = jax.vmap(lambda k: env.reset(k)[1])(jax.random.split(jax.random.PRNGKey(1), roots))
+
+    @jax.jit
+    def forward_only(params, obs):  # the passes of one search, no tree
+        latent = network.apply(params, obs, method="represent")
+        out = network.apply(params, latent, method="predict")
+
+        def body(latent, action):
+            _, latent = network.apply(params, latent, action, method="dynamics")
+            logits, value = network.apply(params, latent, method="predict")
+            return latent, logits.sum() + value.sum()
+
+        actions = jnp.zeros((sims, obs.shape[0]), jnp.int32)
+        return jax.lax.scan(body, latent, actions)[1].sum() + out[0].sum()
+
+    forward_s = best_call_time(forward_only, params, timestep.observation, repeats=repeats)
+    rows, skipped = [], []
+    for search in ("muzero", "gumbel"):
+        if budget.spent():
+            skipped.append(f"{search} search: time cap")
+            continue
+        agent_config.search = search
+        agent = agents.make(agent_config, spec)
+        state = agent.init(jax.random.PRNGKey(0), spec)
+        act = jax.jit(lambda p, t, k, agent=agent: agent.actor_step(p, (), t, k)[0])
+        seconds = best_call_time(act, agent.actor_params(state), timestep,
+                                 jax.random.PRNGKey(2), repeats=repeats)
+        # figure / against = the share of the search's time spent in the network passes.
+        rows.append(_row("muzero_search", f"{search} ({roots} roots x {sims} simulations)",
+                         roots * sims / seconds, "simulations/s",
+                         "network passes alone (ratio: share of time in them)",
+                         roots * sims / forward_s))
+    return rows, skipped
+
+
+def muzero_learner(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
+    config = muzero_catch.get_config()
+    repeats, learner_updates = (1, 2) if smoke else (3, 20)
+    if smoke:
+        config.num_envs, config.rollout_length, config.updates_per_chunk = 4, 4, 2
+        config.agent.num_simulations, config.agent.batch_size = 2, 4
+        config.agent.min_replay_items = 8
+    env = envs_jax.wrap_for_training(envs_jax.make(config.env.name))
+    spec = env.spec()
+    agent = agents.make(config.agent, spec)
+    n = config.num_envs
+    init, chunk = anakin.make_programs(agent, env, envs_per_device=n,
+                                       rollout_length=config.rollout_length,
+                                       updates_per_chunk=config.updates_per_chunk, axis_name=None)
+    state = jax.jit(init)(jax.random.PRNGKey(0), jax.random.PRNGKey(1))
+    chunk = jax.jit(chunk)
+    state, _ = chunk(state)  # compiles, and fills the replay past min_replay_items
+    seconds = best_time(chunk, state, repeats)
+    steps = config.updates_per_chunk * config.rollout_length * n
+    rows = [_row("muzero_learner", f"MuZero-Anakin on Catch ({n} envs, "
+                 f"{config.agent.num_simulations} simulations)", steps / seconds,
+                 "env steps/s")]
+    if budget.spent():
+        return rows, ["learner updates alone: time cap"]
+    learner_config = config.agent.copy_and_resolve_references()
+    network = muzero.make_network(learner_config, spec)
+    replay, _, history = muzero.make_replay(learner_config, spec)
+    optimizer = muzero.make_optimizer(learner_config)
+    learn = muzero.learn_config(learner_config)
+
+    @jax.jit
+    def updates(learner_state, key):
+        def one(learner_state, key):
+            return muzero.learner_update(network, optimizer, replay, learn, learner_state, key,
+                                         history=history, axis_name=None)
+        return jax.lax.scan(one, learner_state, jax.random.split(key, learner_updates))[1]["loss"]
+
+    seconds = best_call_time(updates, state.learner_state, jax.random.PRNGKey(3),
+                             repeats=repeats)
+    rows.append(_row("muzero_learner", f"learner updates alone (batch "
+                     f"{learner_config.batch_size}, K={learner_config.unroll_steps})",
+                     learner_updates / seconds, "updates/s"))
+    return rows, []
+
+
+# ---------------------------------------------------------------------------------------------
+# SEBULBA V-TRACE ON PONG
+
+
+def atari_missing() -> str | None:
+    """Why envpool's Pong cannot be made here, or None."""
+    try:
+        env = envpool_env.EnvpoolEnv("Pong-v5", 1, seed=0,
+                                     options=envpool_env.make_options("Pong-v5", "impala"))
+        env.reset()
+        env.close()
+    except Exception as e:  # noqa: BLE001 - any failure to make the game is the reason
+        return f"envpool cannot make Pong-v5 ({type(e).__name__}: {e})"
+    return None
+
+
+def sebulba_pong(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
+    reason = atari_missing()
+    if reason is not None:
+        raise _Skip(reason)
+    base = sebulba_vtrace_atari.get_config()
+    seconds, e2e_updates = (1.0, 5) if smoke else (5.0, 8)
+    if smoke:
+        base.agent.torso = "conv"
+        base.rollout_length = 4
+    variants = {"2 threads x 16 envs": (2, 16)}
+    variants = {"derived from the machine": (0, 0), **variants} if not smoke else {
+        "1 thread x 2 envs": (1, 2), "2 threads x 2 envs": (2, 2)}
+    options = envpool_env.make_options(base.env.task, base.env.protocol, base.env.kwargs)
+    rows, skipped = [], []
+    for name, (threads, envs) in variants.items():
+        if budget.spent():
+            skipped.append(f"{name}: time cap")
+            continue
+        config = base.copy_and_resolve_references()
+        config.actor_threads_per_device, config.envs_per_actor_thread = threads, envs
+        config, sizes = sebulba_config.resolved(config)
+        setting = (f"{name}: {sizes.actor_threads_per_device} x {sizes.envs_per_actor_thread} "
+                   f"envs, {sizes.env_threads} envpool threads each, actors "
+                   f"{list(sizes.actor_device_ids)}, learners {list(sizes.learner_device_ids)}")
+        alone = sebulba_bench.envpool_alone(config, options, seconds)
+        rate, shares = sebulba_bench.end_to_end_shares(config, e2e_updates)
+        frame_skip = options.get("frame_skip", 1)
+        row = _row("sebulba_pong", setting, rate.steps_per_second * frame_skip, "frames/s",
+                   "envpool alone, same batches and threads",
+                   alone.steps_per_second * frame_skip)
+        row["shares"] = shares
+        rows.append(row)
+    return rows, skipped
+
+
+class _Skip(Exception):
+    """A part that cannot run here, with the reason."""
+
+
+# ---------------------------------------------------------------------------------------------
+# THE CHECK
+
+
+PART_FUNCTIONS: dict[str, Callable[[Budget, bool], tuple[list[dict], list[str]]]] = {
+    "anakin_catch": anakin_catch, "muzero_search": muzero_search,
+    "muzero_learner": muzero_learner, "sebulba_pong": sebulba_pong}
+
+
+def run_part(name: str, smoke: bool) -> dict[str, Any]:
+    """One part's record: status ("ok", "skipped" or "failed"), reason, seconds, rows and the
+    points its time cap skipped."""
+    start = time.perf_counter()
+    record: dict[str, Any] = {"status": "ok", "reason": "", "rows": [], "capped": []}
+    try:
+        record["rows"], record["capped"] = PART_FUNCTIONS[name](Budget(CAPS_S[name]), smoke)
+    except _Skip as e:
+        record.update(status="skipped", reason=str(e))
+    except Exception as e:  # noqa: BLE001 - one part's failure must not lose the others
+        record.update(status="failed", reason=f"{type(e).__name__}: {e}",
+                      traceback=traceback.format_exc())
+    record["seconds"] = time.perf_counter() - start
+    return record
+
+
+def table(results: dict[str, Any]) -> str:
+    """The markdown table of a check's results: one row per figure, one per part not run."""
+    lines = ["| part | setting | figure | against | ratio | status |",
+             "|---|---|---:|---|---:|---|"]
+    for name, part in results["parts"].items():
+        for row in part["rows"]:
+            against = (f"{row['against']}: {row['against_figure']:,.0f}"
+                       if row["against_figure"] else "")
+            ratio = f"{100 * row['ratio']:.0f}%" if row["ratio"] is not None else ""
+            lines.append(f"| {name} | {row['setting']} | {row['figure']:,.0f} {row['unit']} | "
+                         f"{against} | {ratio} | {part['status']} |")
+        for point in part["capped"]:
+            lines.append(f"| {name} | {point} | | | | skipped |")
+        if part["status"] != "ok":
+            lines.append(f"| {name} | | | | | {part['status']}: {part['reason']} |")
+    shares = [(row["setting"], row["shares"]) for row in
+              results["parts"].get("sebulba_pong", {}).get("rows", []) if "shares" in row]
+    for setting, values in shares:
+        lines += ["", f"Sebulba end to end, {setting}: shares of its threads' time", "",
+                  "| part | share |", "|---|---:|"]
+        lines += [f"| {part} | {100 * share:.0f}% |" for part, share in values.items()]
+    return "\n".join(lines)
+
+
+def run(out: str, smoke: bool) -> dict[str, Any]:
+    """Runs every part, writes `out`/device_check.json and device_check.md; returns the
+    results."""
+    machine = machine_lib.detect()
+    devices = jax.devices()
+    results = {
+        "smoke": smoke,
+        "machine": {"cores": machine.cores, "platform": machine.platform,
+                    "local_devices": machine.num_devices,
+                    "device_kind": devices[0].device_kind,
+                    "processor": platform.processor() or platform.machine(),
+                    "load_average": os.getloadavg()[0]},
+        "versions": {"jax": jax.__version__, "envpool": envpool_env.envpool.__version__},
+        "derived_sizes": {
+            "sebulba": sebulba_config.derive_sizes(machine).fields(),
+            "anakin_num_envs": anakin.config.derive_num_envs(machine, len(devices))},
+        "parts": {},
+    }
+    os.makedirs(out, exist_ok=True)
+    for name in PARTS:
+        print(f"# {name} ...", flush=True)
+        results["parts"][name] = run_part(name, smoke)
+        part = results["parts"][name]
+        print(f"# {name}: {part['status']} in {part['seconds']:.1f}s {part['reason']}",
+              flush=True)
+    markdown = table(results)
+    with open(os.path.join(out, "device_check.json"), "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    with open(os.path.join(out, "device_check.md"), "w") as f:
+        f.write(markdown + "\n")
+    return results
+
+
+def main(argv):
+    del argv
+    out = _OUT.value or tempfile.mkdtemp(prefix="device_check_")
+    results = run(out, _SMOKE.value)
+    print("\n" + table(results))
+    print(f"\nWritten: {os.path.join(out, 'device_check.json')} and "
+          f"{os.path.join(out, 'device_check.md')}", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,47 @@
+"""The prepared device check (`experiments.benchmarks.device_check`) in its smoke mode: every
+part runs at tiny sizes on CPU and the JSON and markdown table hold what the device run needs."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+PARTS = ["anakin_catch", "muzero_search", "muzero_learner", "sebulba_pong"]
+
+
+def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "experiments.benchmarks.device_check",
+                           "--smoke", f"--out={tmp_path}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "device_check.json").read_text())
+    assert set(results) >= {"smoke", "machine", "versions", "derived_sizes", "parts"}
+    assert results["smoke"] is True
+    assert list(results["parts"]) == PARTS
+    for name, part in results["parts"].items():
+        assert part["status"] in ("ok", "skipped"), (name, part.get("traceback"))
+        assert set(part) >= {"status", "reason", "seconds", "rows", "capped"}
+        if part["status"] == "skipped":
+            assert part["reason"]  # e.g. envpool's Atari games missing
+            continue
+        for row in part["rows"]:
+            assert set(row) >= {"part", "setting", "figure", "unit", "against",
+                                "against_figure", "ratio"}
+            assert row["figure"] > 0
+    # Two Anakin points, each against the environment alone; both searches; both learner
+    # figures; each Sebulba point against envpool alone, with its shares of time.
+    assert [r["ratio"] is not None for r in results["parts"]["anakin_catch"]["rows"]] == [True] * 2
+    assert ["muzero" in r["setting"] or "gumbel" in r["setting"]
+            for r in results["parts"]["muzero_search"]["rows"]] == [True] * 2
+    assert len(results["parts"]["muzero_learner"]["rows"]) == 2
+    if results["parts"]["sebulba_pong"]["status"] == "ok":
+        rows = results["parts"]["sebulba_pong"]["rows"]
+        assert len(rows) == 2 and all("inference" in r["shares"] for r in rows)
+    table = (tmp_path / "device_check.md").read_text()
+    assert table.startswith("| part | setting | figure | against | ratio | status |")
+    for name in PARTS:
+        assert f"| {name} |" in table
+    assert "device_check.md" in proc.stdout
