@@ -5,6 +5,7 @@
     check_agent(my_make_agent, config=my_config())         # an agent not registered (yet)
 
     python -m experiments.conformance --agent=vtrace       # one line per rule
+    python -m experiments.conformance --module=my_pkg.my_agent --agent=my_agent
 
 `check_agent` builds the agent for an environment (`catch` by default) and checks, rule by
 rule, what Anakin and Sebulba assume of a `podracer.Agent` without knowing which agent they
@@ -73,6 +74,7 @@ if __name__ == "__main__":  # the CLI: simulated devices for the replication rul
 
 import dataclasses
 import functools
+import importlib
 import queue
 import tempfile
 import threading
@@ -899,11 +901,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.conformance",
         description="Runs an agent through the rules Anakin and Sebulba rely on.")
-    parser.add_argument("--agent", required=True, choices=agents.registered())
+    parser.add_argument("--agent", required=True,
+                        help="a registered agent's name (built-in, or registered by a --module)")
+    parser.add_argument("--module", action="append", default=[], metavar="PKG.MOD",
+                        help="a module to import first, e.g. the one whose agents.register(...) "
+                        "registers your agent (repeatable)")
     parser.add_argument("--env", default="catch", help="an envs_jax environment name")
     parser.add_argument("--num_devices", type=int, default=None)
     parser.add_argument("--rules", default="", help=f"comma-separated, of {', '.join(RULE_NAMES)}")
     args = parser.parse_args(argv)
+    for module in args.module:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            parser.error(f"--module={module}: cannot import it ({error}); name a module on the "
+                         "Python path (run from your project's root, or set PYTHONPATH)")
+    if args.agent not in agents.registered():
+        parser.error(f"--agent={args.agent}: no agent of that name is registered (registered: "
+                     f"{', '.join(agents.registered())}); to check your own agent, name the "
+                     "module that registers it with --module=pkg.mod")
     report = check_agent(args.agent, env=args.env, num_devices=args.num_devices,
                          rules=[r for r in args.rules.split(",") if r] or None,
                          raise_on_failure=False)

@@ -289,3 +289,48 @@ def test_the_command_line_prints_one_line_per_rule(capsys):
     assert status == 0
     assert lines[0].startswith("Agent 'vtrace' on 'catch'")
     assert lines[1:] == ["PASS  interface", "PASS  actions", "PASS  metrics"]
+
+
+_MODULE = '''
+import agents
+from agents import vtrace
+
+
+def default_config():
+    config = vtrace.default_config()
+    config.name = "researchers_vtrace"
+    return config
+
+
+agents.register("researchers_vtrace", vtrace.make_agent, default_config=default_config,
+                replace=True)
+'''
+
+
+def test_the_command_line_checks_an_agent_registered_by_a_module(tmp_path, monkeypatch, capsys):
+    (tmp_path / "researchers_agent.py").write_text(_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import agents
+
+    try:
+        status = conformance.main(["--module=researchers_agent", "--agent=researchers_vtrace",
+                                   "--rules=interface"])
+    finally:
+        agents._REGISTRY.pop("researchers_vtrace", None)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert status == 0
+    assert lines == ["Agent 'researchers_vtrace' on 'catch', 2 device(s): conforms",
+                     "PASS  interface"]
+
+
+def test_the_command_line_names_the_registered_agents_and_module_for_an_unknown_one(capsys):
+    with pytest.raises(SystemExit) as caught:
+        conformance.main(["--agent=ddqn_nstep"])
+    assert caught.value.code == 2
+    error = capsys.readouterr().err
+    assert "--agent=ddqn_nstep" in error
+    assert all(name in error for name in ("vtrace", "muzero", "efficientzero", "ppo"))
+    assert "--module=" in error
+    with pytest.raises(SystemExit):
+        conformance.main(["--module=no_such_module_here", "--agent=vtrace"])
+    assert "--module=no_such_module_here: cannot import it" in capsys.readouterr().err
