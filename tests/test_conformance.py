@@ -334,3 +334,81 @@ def test_the_command_line_names_the_registered_agents_and_module_for_an_unknown_
     with pytest.raises(SystemExit):
         conformance.main(["--module=no_such_module_here", "--agent=vtrace"])
     assert "--module=no_such_module_here: cannot import it" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Agents that never update inside the check: V-trace behind a warm-up its tiny trajectories do
+# not reach. The check before `updates_change_params` passed them (replication "inconclusive").
+
+
+def _warming_up(*, field, units=1, averaged=True):
+    """A make_agent: V-trace that skips its update until it has seen `config.<field> * units`
+    transitions (2,000 when `field` is None: a warm-up the config does not hold), with the
+    gradient pmean removed when not `averaged`."""
+
+    def make_agent(config, env_spec):
+        inner = vtrace.make_agent(config, env_spec)
+        warmup = 2_000 if field is None else config[field] * units
+
+        def learner_step(state, trajectory, key, *, axis_name):
+            seen = state["seen"] + trajectory.action.size  # T * B transitions
+            step = lambda s: inner.learner_step(
+                s, trajectory, key, axis_name=axis_name if averaged else None)[0]
+            inner_state = jax.lax.cond(seen >= warmup, step, lambda s: s, state["state"])
+            return {"state": inner_state, "seen": seen}, {"seen": seen.astype(jnp.float32)}
+
+        return inner._replace(
+            init=lambda key, spec: {"state": inner.init(key, spec),
+                                    "seen": jnp.zeros((), jnp.int32)},
+            learner_step=learner_step,
+            actor_params=lambda state: inner.actor_params(state["state"]),
+            set_hparams=None, sweepable=())
+
+    return make_agent
+
+
+def _warmup_config(field, value=2_000):
+    config = vtrace.default_config()
+    if field is not None:
+        config[field] = value
+    return config
+
+
+# The rules up to the replication ones: what an agent that never updates slipped through.
+_UP_TO_REPLICATION = ("interface", "learner_state", "actions", "rollout_length", "metrics",
+                      "updates_change_params", "replication", "metrics_averaged")
+
+
+@pytest.mark.parametrize("field, units, named", [
+    (None, 1, "apply the optimiser's update"),  # a warm-up the check cannot see
+    ("warmup", 100, "agent.warmup"),  # counted in hundreds: lowered to 16, still not reached
+], ids=["hidden_warmup", "warmup_in_other_units"])
+def test_an_agent_that_never_updates_fails_updates_change_params(field, units, named):
+    rules = [r for r in RULE_NAMES if r in _UP_TO_REPLICATION]
+    with pytest.raises(ConformanceError) as caught:
+        check_agent(_warming_up(field=field, units=units), config=_warmup_config(field),
+                    rules=rules)
+    message = str(caught.value)
+    assert caught.value.rules == ["updates_change_params"], message
+    assert "rule 'updates_change_params' failed: the actor parameters never changed over 8 " \
+           "learner steps" in message
+    assert named in message.split("fix: ", 1)[1], message
+
+
+def test_a_warmup_field_is_lowered_so_that_replication_sees_the_pmean_removed():
+    make_agent = _warming_up(field="learning_starts", averaged=False)
+    report = check_agent(make_agent, config=_warmup_config("learning_starts"),
+                         rules=[r for r in RULE_NAMES if r in _UP_TO_REPLICATION],
+                         raise_on_failure=False)
+    assert "agent.learning_starts = 16 (was 2000)" in str(report), str(report)
+    assert [r.rule for r in report.results if r.status == "fail"] == ["replication"], str(report)
+    assert "pmean(grads" in report.result("replication").fix
+    # Averaged, the same agent conforms, updating as soon as the lowered warm-up is reached:
+    # 16 transitions per learner step, so at the first.
+    report = check_agent(_warming_up(field="learning_starts"),
+                         config=_warmup_config("learning_starts"),
+                         rules=["rollout_length", "updates_change_params", "replication"])
+    assert report.passed
+    assert report.result("updates_change_params").detail == (
+        "the actor parameters changed at learner step 1 (the check set agent.learning_starts = "
+        "16 (was 2000))")
