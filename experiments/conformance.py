@@ -24,7 +24,9 @@ that one break is reported once. The rules, in the order they run:
   acting_view      actor_step acts on Sebulba's view of a timestep: observation and step type
                    only, reward and discount None (acting and evaluating)
   rollout_length   learner_step takes [T+1, B] trajectories of the runner's T (a replay's period
-                   is the runner's rollout length)
+                   is the runner's rollout length); where the config has `rollout_length`, the
+                   agent built with another refuses them with a `ConfigError` naming
+                   agent.rollout_length
   evaluation       actor_step(..., evaluation=True) is deterministic: other keys, same actions
   metrics          learner_step's metrics: a dict of numeric scalars whose names do not collide
                    with the runners' own record fields
@@ -98,6 +100,7 @@ from anakin.programs import FIRST_NONFINITE, make_programs, make_rollout
 from podracer import faults, replication
 from podracer.agent import Agent
 from podracer.checkpoint import state_layout
+from podracer.config import ConfigError
 from podracer.types import DEVICE_AXIS, DiscreteSpec, TimeStep
 
 ROLLOUT_LENGTH = 4  # T of every trajectory the check makes
@@ -490,10 +493,40 @@ def rule_rollout_length(s: _Subject) -> str | None:
             f"learner_step refused a [T+1={ROLLOUT_LENGTH + 1}, B={ENVS_PER_DEVICE}] "
             f"trajectory, the runner's rollout length T={ROLLOUT_LENGTH} "
             f"({type(error).__name__}: {_short(error)})") from error
-    note = None
-    if "rollout_length" in s.config:
-        note = f"agent.rollout_length tied to the check's T={ROLLOUT_LENGTH}"
-    return note
+    if "rollout_length" not in s.config:
+        return None
+    # Untied, as a config that forgets the tie would make it (the runners refuse one before
+    # compiling; a notebook calling learner_step does not): the error must name the field.
+    config = ml_collections.ConfigDict(s.config.to_dict())
+    config.rollout_length = 2 * ROLLOUT_LENGTH
+    try:
+        untied = s.build(config)
+        state = jax.eval_shape(lambda k: untied.init(k, s.spec), s.key)
+    except Exception:  # noqa: BLE001 - built only for this one question; other rules build
+        return f"agent.rollout_length tied to the check's T={ROLLOUT_LENGTH}"
+    try:
+        jax.eval_shape(lambda st, t, k: untied.learner_step(st, t, k, axis_name=None),
+                       state, abstract, s.key)
+    except Exception as error:
+        if isinstance(error, ConfigError) and error.field == "agent.rollout_length":
+            return (f"agent.rollout_length tied to the check's T={ROLLOUT_LENGTH}; untied, "
+                    "learner_step names the field")
+        raise _Violation(_untied_problem(error), _UNTIED_FIX) from error
+    return f"agent.rollout_length tied to the check's T={ROLLOUT_LENGTH}"
+
+
+_UNTIED_FIX = ("check the trajectory's T in learner_step: raise podracer.config.ConfigError("
+               "'agent.rollout_length', f'is {rollout_length} but the runner sends "
+               "trajectories of T={t}', \"tie them: config.agent.rollout_length = "
+               "config.get_ref('rollout_length')\") (as agents/muzero/learning.py's "
+               "check_trajectory does)")
+
+
+def _untied_problem(error: Exception) -> str:
+    return (f"with agent.rollout_length = {2 * ROLLOUT_LENGTH} and the runner's T = "
+            f"{ROLLOUT_LENGTH} (a config without the tie), learner_step fails with "
+            f"{type(error).__name__}: {_short(error)}, which does not name "
+            "config.agent.rollout_length and the tie")
 
 
 def rule_metrics(s: _Subject) -> str | None:

@@ -117,6 +117,7 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
     cfg.require_positive(config, "envs_per_actor_thread", "actor_threads_per_device",
                          "rollout_length", "total_env_steps", "queue_size", "log_every_updates",
                          "timeout_s", "agent.learning_rate")
+    cfg.require_rollout_length_tied(config)
     cfg.require_non_negative(config, "seed", "policy_lag", "env.num_threads")
     cfg.require_choice(config, "staleness", STALENESS)
     cfg.validate_run_options(config)  # checkpoint_* and eval_*

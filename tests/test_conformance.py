@@ -412,3 +412,34 @@ def test_a_warmup_field_is_lowered_so_that_replication_sees_the_pmean_removed():
     assert report.result("updates_change_params").detail == (
         "the actor parameters changed at learner step 1 (the check set agent.learning_starts = "
         "16 (was 2000))")
+
+
+def _replay_of_period(config, env_spec):
+    """V-trace with a replay-like period `config.rollout_length` that, untied, fails as a
+    replay does: with a ValueError that names neither the config field nor the tie."""
+    agent = vtrace.make_agent(config, env_spec)
+
+    def learner_step(state, trajectory, key, *, axis_name):
+        t = trajectory.action.shape[0]
+        if t != config.rollout_length:
+            raise ValueError(f"adding {t} timesteps per column to a replay of period "
+                             f"{config.rollout_length}")
+        return agent.learner_step(state, trajectory, key, axis_name=axis_name)
+
+    return agent._replace(learner_step=learner_step)
+
+
+def test_an_untied_rollout_length_must_fail_naming_the_field():
+    config = vtrace.default_config()
+    config.rollout_length = 16
+    with pytest.raises(ConformanceError) as caught:
+        check_agent(_replay_of_period, config=config, rules=["rollout_length"])
+    message = str(caught.value)
+    assert caught.value.rules == ["rollout_length"]
+    assert ("with agent.rollout_length = 8 and the runner's T = 4 (a config without the tie), "
+            "learner_step fails with ValueError: adding 4 timesteps per column to a replay of "
+            "period 8, which does not name config.agent.rollout_length") in message, message
+    assert "ConfigError('agent.rollout_length'" in message.split("fix: ", 1)[1]
+    # MuZero's learner_step names the field.
+    report = check_agent("muzero", config=_small_muzero(muzero), rules=["rollout_length"])
+    assert report.result("rollout_length").detail.endswith("learner_step names the field")

@@ -83,3 +83,18 @@ def test_evaluation_options_may_differ_only_where_the_spec_stays():
     config.env.eval_kwargs.img_height = 42  # another observation shape: refused
     with pytest.raises(ConfigError, match=r"env\.eval_kwargs"):
         validate(config, num_local_devices=1, num_processes=1)
+
+
+def test_an_agent_rollout_length_not_tied_to_the_runners_is_refused():
+    from agents import muzero
+
+    config = _cartpole(agent=muzero.default_config(), rollout_length=8)
+    assert config.agent.rollout_length == 16
+    with pytest.raises(ConfigError) as info:
+        validate(config, num_local_devices=1, num_processes=1)
+    assert info.value.field == "agent.rollout_length"
+    assert "is 16 but the runner's rollout_length is 8" in str(info.value)
+    assert str(info.value).endswith(
+        "Fix: set config.agent.rollout_length = config.get_ref('rollout_length')")
+    config.agent.rollout_length = config.get_ref("rollout_length")
+    validate(config, num_local_devices=1, num_processes=1)
