@@ -118,6 +118,21 @@ def test_progress_on_a_terminal_is_one_bar_redrawn_in_place():
     assert "episode 0.75" in last and "eval 1" in last
 
 
+def test_a_sweeps_progress_says_its_return_is_a_mean_and_its_rate_a_sum_over_the_runs():
+    record = {"env_steps": 500_000, "updates": 10, "episode_return": 0.75,
+              "steps_per_second": 790_000.0, "eval_return": 1.0}
+    plain = io.StringIO()
+    metrics.Progress(1_000_000, plain, tty=False, runs=4).update(record)
+    assert plain.getvalue().startswith(
+        "env_steps=500,000  updates=10  episode_return=0.75 (mean over 4 runs)  "
+        "sps=790,000 (sum over 4 runs)  eval_return=1 (mean over 4 runs)  eta=")
+    terminal = _Terminal()
+    metrics.Progress(1_000_000, terminal, runs=4).update(record)
+    line = terminal.getvalue()
+    assert "790K steps/s (sum over 4 runs)" in line
+    assert "episode 0.75 (mean over 4 runs)" in line and "eval 1 (mean over 4 runs)" in line
+
+
 def test_progress_elsewhere_is_plain_lines_with_an_eta():
     stream = io.StringIO()
     writer = metrics.MetricsWriter(None, stream=stream, total_env_steps=100)
