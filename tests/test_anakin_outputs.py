@@ -66,6 +66,31 @@ def test_the_banner_counts_the_parameters_acted_with(run):
     assert len(banner) == 1 and "acting with 7,684 parameters" in banner[0], console
 
 
+def test_the_result_prints_as_a_summary_without_arrays(run):
+    _, _, result, _ = run
+    text = repr(result)
+    # 4 chunks of 5 updates, 16 environments x 10 steps each.
+    assert text.startswith("TrainResult(updates=20, env_steps=3200, final_episode_return="), text
+    assert "final_eval_return=" in text and ", run_seconds=" in text
+    assert "compile_seconds=" in text and text.endswith(")")
+    assert "rray" not in text and len(text) < 200, text
+    assert str(result) == text
+
+
+def test_a_results_summary_names_a_sweeps_runs_a_resume_and_an_interruption():
+    from podracer.session import TrainResult
+
+    result = TrainResult(state=np.zeros((2, 1000)), history=[],
+                         final_metrics={"updates": 50, "env_steps": 25600,
+                                        "episode_return": 0.123456, "loss": 1.0},
+                         compile_seconds=3.04, run_seconds=12.96, interrupted=True,
+                         resumed_from_updates=40, run_histories=[[], [], []])
+    assert repr(result) == (
+        "TrainResult(updates=50, env_steps=25600, final_episode_return=0.1235, "
+        "run_seconds=13.0, compile_seconds=3.0, runs=3, resumed_from_updates=40, "
+        "interrupted=True)")
+
+
 def test_metrics_jsonl_has_greedy_evaluations_at_the_interval(run):
     _, workdir, result, _ = run
     records = [json.loads(line)
