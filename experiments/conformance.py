@@ -287,12 +287,11 @@ class _Subject:
             keys = np.broadcast_to(np.asarray(self.key), (n,) + self.key.shape)
             initial = init(replication.from_global(keys, self.mesh))
             initial_params = agent.actor_params(_device_slices(initial)[0])
-            state, metrics = initial, None
+            state, metrics, data = initial, None, None
             for i in range(MAX_LEARNER_STEPS):
-                first = self.trajectories(n)
                 # The second step: the first's data, swapped between devices.
-                data = jax.tree.map(lambda x: x[::-1], first) if i == 1 and n > 1 else (
-                    first if i == 0 else self.trajectories(n, salt=1 + i))
+                data = (jax.tree.map(lambda x: x[::-1], data) if i == 1 and n > 1
+                        else self.trajectories(n, salt=1 + i))
                 step_keys = jax.random.split(jax.random.fold_in(self.key, 2 + i), n)
                 state, metrics = step(state, replication.from_global(data, self.mesh),
                                       replication.from_global(step_keys, self.mesh))
@@ -600,8 +599,7 @@ def rule_updates_change_params(s: _Subject) -> str | None:
     if lowered:
         field = next(iter(s.lowered))
         raise _Violation(
-            f"{problem}; {lowered}, a warm-up its trajectories reach in positions or "
-            "transitions",
+            f"{problem}, though {lowered}: one trajectory's transitions per device",
             f"pass check_agent a config whose agent.{field} the check's {MAX_LEARNER_STEPS} "
             f"learner steps of {WARMUP} transitions per device reach (e.g. 0), or make "
             "learner_step update once its warm-up is reached")
@@ -631,8 +629,8 @@ def rule_replication(s: _Subject) -> str | None:
                 f"average gradients over the device axis: jax.lax.pmean(grads, axis_name) in "
                 f"learner_step (axis_name is {DEVICE_AXIS!r} under the runners)")
     if _first_difference(params[0], s.agent.actor_params(first)) is None:
-        return ("inconclusive: two learner steps left the actor parameters unchanged (a "
-                "warm-up?); lower it, e.g. a replay's minimum size, to exercise this rule")
+        return (f"inconclusive: {MAX_LEARNER_STEPS} learner steps left the actor parameters "
+                "unchanged (see updates_change_params)")
     return None
 
 
