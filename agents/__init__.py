@@ -104,6 +104,7 @@ _builtin("vtrace", "agents.vtrace")
 _builtin("muzero", "agents.muzero")
 _builtin("efficientzero", "agents.efficientzero")
 _builtin("ppo", "agents.ppo", continuous_actions=True)
+_builtin("dqn", "agents.dqn")
 
 
 def registration_id(name: str) -> int:
