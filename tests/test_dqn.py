@@ -126,3 +126,30 @@ def test_double_dqn_learns_catch_under_anakin():
     result = anakin.train(config)
     first, last = result.history[0]["episode_return"], result.history[-1]["episode_return"]
     assert first < 0.0 and last > 0.8, (first, last)
+
+
+def test_double_dqn_learns_catch_under_sebulba():
+    import sebulba
+
+    config = sebulba.default_config()
+    config.agent = dqn.default_config()
+    config.env.task = "envs_jax:catch"  # stepped on the host
+    config.actor_device_ids, config.learner_device_ids = (0,), (1,)
+    config.envs_per_actor_thread, config.rollout_length, config.policy_lag = 16, 4, 0
+    config.agent.batch_size, config.agent.warmup = 64, 256
+    config.agent.epsilon_anneal_steps, config.agent.target_update_interval = 200, 50
+    config.total_env_steps, config.log_every_updates = 16 * 4 * 500, 100
+    config.timeout_s = 120.0
+    result = sebulba.train(config)
+    first, last = result.history[0]["episode_return"], result.history[-1]["episode_return"]
+    assert first < 0.0 and last > 0.8, (first, last)
+
+
+def test_shipped_dqn_configs_are_valid():
+    import anakin
+    import sebulba
+    from experiments.configs import dqn_cartpole, dqn_catch, sebulba_dqn_cartpole
+
+    assert anakin.validate(dqn_catch.get_config(), 8) == 1
+    assert anakin.validate(dqn_cartpole.get_config(), 8) == 1
+    sebulba.validate(sebulba_dqn_cartpole.get_config(), num_local_devices=1, num_processes=1)
