@@ -105,6 +105,7 @@ _builtin("muzero", "agents.muzero")
 _builtin("efficientzero", "agents.efficientzero")
 _builtin("ppo", "agents.ppo", continuous_actions=True)
 _builtin("dqn", "agents.dqn")
+_builtin("pqn", "agents.pqn")
 
 
 def registration_id(name: str) -> int:

@@ -85,7 +85,9 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
                            loss_hparams=LOSS_HPARAMS, agent_name="DQN")
 
 
-def _whole(config: ml_collections.ConfigDict, field: str, minimum: int, example: int) -> None:
+def check_whole(config: ml_collections.ConfigDict, field: str, minimum: int,
+                example: int) -> None:
+    """Raises `ConfigError` unless `agent.<field>` is a whole number >= `minimum`."""
     value = config[field]
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"agent.{field}", f"must be a whole number >= {minimum}, got "
@@ -106,7 +108,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                                     ("replay_capacity", 1, 100_000),
                                     ("target_update_interval", 1, 100),
                                     ("epsilon_anneal_steps", 0, 1000), ("num_atoms", 2, 51)):
-        _whole(config, field, minimum, example)
+        check_whole(config, field, minimum, example)
     if config.head == "c51" and not config.v_min < config.v_max:
         raise ConfigError("agent.v_min", f"must be below agent.v_max ({config.v_min} >= "
                           f"{config.v_max})", "set e.g. v_min=-10, v_max=10")
