@@ -115,6 +115,9 @@ MAX_LEARNER_STEPS = 8  # replicated learner steps, at most, waiting for the para
 WARMUP_FIELDS = ("warmup", "warmup_steps", "warmup_transitions", "learning_starts",
                  "min_replay_size", "min_replay_items", "replay_min_size", "min_buffer_size")
 WARMUP = ROLLOUT_LENGTH * ENVS_PER_DEVICE
+# A sampled batch no larger than the lowered warm-up: an agent may refuse a warm-up smaller
+# than one batch (DQN does), so a batch size above WARMUP is lowered with it.
+BATCH_FIELDS = ("batch_size",)
 
 # Record fields the runners write beside the agent's metrics (anakin.runner._record,
 # sebulba.learner.Learner._record, the evaluations', the chunk's internal ones): a metric of
@@ -958,6 +961,13 @@ def check_agent(agent: str | Callable[[ml_collections.ConfigDict, Any], Agent], 
             config[field] = type(value)(WARMUP)
             changes.append(f"agent.{field} = {WARMUP} (was {value}), a warm-up the check's "
                            f"trajectories reach ({WARMUP} transitions per device each)")
+    if lowered:
+        for field in BATCH_FIELDS:
+            value = config.get(field)
+            if isinstance(value, int) and not isinstance(value, bool) and value > WARMUP:
+                config[field] = WARMUP
+                changes.append(f"agent.{field} = {WARMUP} (was {value}), no larger than the "
+                               "lowered warm-up")
     available = jax.local_device_count()
     num_devices = min(2, available) if num_devices is None else num_devices
     if not 1 <= num_devices <= available:

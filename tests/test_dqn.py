@@ -153,3 +153,13 @@ def test_shipped_dqn_configs_are_valid():
     assert anakin.validate(dqn_catch.get_config(), 8) == 1
     assert anakin.validate(dqn_cartpole.get_config(), 8) == 1
     sebulba.validate(sebulba_dqn_cartpole.get_config(), num_local_devices=1, num_processes=1)
+
+
+def test_the_conformance_check_builds_dqn_at_its_defaults():
+    # The check lowers the 1,000-transition warm-up to what its trajectories bring; DQN refuses
+    # a warm-up below one batch, so the batch is lowered with it (and the report says so).
+    from experiments.conformance import check_agent
+
+    report = check_agent("dqn", rules=["interface"], raise_on_failure=False)
+    assert report.passed, report
+    assert "agent.batch_size = 16 (was 128)" in str(report)
