@@ -31,15 +31,16 @@ def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
             assert set(row) >= {"part", "setting", "figure", "unit", "against",
                                 "against_figure", "ratio"}
             assert row["figure"] > 0
-    # Two Anakin points, each against the environment alone; both searches; both learner
-    # figures; each Sebulba point against envpool alone, with its shares of time.
-    assert [r["ratio"] is not None for r in results["parts"]["anakin_catch"]["rows"]] == [True] * 2
+    # Smoke runs one point where a second would compile the same programs: one Anakin point
+    # against the environment alone; both searches; both learner figures; one Sebulba point
+    # against envpool alone, with its shares of time.
+    assert [r["ratio"] is not None for r in results["parts"]["anakin_catch"]["rows"]] == [True]
     assert ["muzero" in r["setting"] or "gumbel" in r["setting"]
             for r in results["parts"]["muzero_search"]["rows"]] == [True] * 2
     assert len(results["parts"]["muzero_learner"]["rows"]) == 2
     if results["parts"]["sebulba_pong"]["status"] == "ok":
         rows = results["parts"]["sebulba_pong"]["rows"]
-        assert len(rows) == 2 and all("inference" in r["shares"] for r in rows)
+        assert len(rows) == 1 and "inference" in rows[0]["shares"]
     table = (tmp_path / "device_check.md").read_text()
     assert table.startswith("| part | setting | figure | against | ratio | status |")
     for name in PARTS:
