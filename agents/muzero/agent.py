@@ -26,7 +26,7 @@ from agents.hparams import replace_hparams
 from agents.muzero import learning
 from agents.muzero.learning import LearnConfig, LearnerState
 from agents.muzero.networks import KINDS, MuZeroNetwork, chosen_fields, make_network
-from agents.muzero.search import Q_TRANSFORMS, UNVISITED_Q, SearchConfig, run_search
+from agents.muzero.search import Q_TRANSFORMS, SEARCHES, UNVISITED_Q, SearchConfig, run_search
 from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
 from podracer.agent import Agent
@@ -271,14 +271,20 @@ def make_actor_params(config: ml_collections.ConfigDict) -> Callable[[LearnerSta
                           "temperature": temperature_at(state.updates, **schedule)}
 
 
-def make_actor_step(search):
+def make_actor_step(search, *, kind: str = "muzero"):
     """`Agent.actor_step` of a searching agent: `search(params, observation, key, evaluation)`
-    -> `mctx.PolicyOutput`; acts by the search's sampled action (its most visited one when
-    evaluating) and ships the search policy as the policy target."""
+    -> `mctx.PolicyOutput` of the search `kind` (`SearchConfig.search`); ships the search's
+    `action_weights` as the policy target and acts by the search's action: PUCT's is sampled
+    from the visit counts (its most visited one when evaluating); Gumbel's is the one
+    Sequential Halving keeps, the argmax of g + logits + sigma(q) over the most visited
+    actions (with g = 0 when evaluating, as the search then draws no Gumbel noise), which
+    the argmax of `action_weights` is not: that one ranges over every action, unvisited ones
+    included."""
 
     def actor_step(params, actor_state, timestep: TimeStep, key: PRNGKey, *, evaluation=False):
         out = search(params, timestep.observation, key, evaluation)
-        action = jnp.argmax(out.action_weights, -1) if evaluation else out.action
+        most_visited = evaluation and kind != "gumbel"
+        action = jnp.argmax(out.action_weights, -1) if most_visited else out.action
         return action.astype(jnp.int32), actor_state, {"policy": out.action_weights}
 
     return actor_step
@@ -313,7 +319,8 @@ def check_choices(config: ml_collections.ConfigDict, choices: dict[str, tuple]) 
 
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first MuZero choice field with an unknown value."""
-    check_choices(config, {"network": ("auto", *KINDS), "q_transform": Q_TRANSFORMS,
+    check_choices(config, {"network": ("auto", *KINDS), "search": SEARCHES,
+                           "q_transform": Q_TRANSFORMS,
                            "unvisited_q": UNVISITED_Q, "past_end_targets": PAST_END_TARGETS,
                            "reanalyse_value": ("target_network", "root"),
                            "store_frames_once": ("auto", "on", "off")})
@@ -361,7 +368,7 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     search = lambda params, observation, key, evaluation: run_search(
         network, params["network"], observation, key, search_settings, evaluation=evaluation,
         temperature=params["temperature"])
-    actor_step = make_actor_step(search)
+    actor_step = make_actor_step(search, kind=config.search)
     init = lambda key, spec=env_spec: init_learner_state(
         network, optimizer, replay, example_step, loss_hparams, key, spec)
 

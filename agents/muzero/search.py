@@ -95,6 +95,7 @@ def run_search(network: MuZeroNetwork, params: Params, observation: Array, key: 
                        temperature=temperature)
 
 
+SEARCHES = ("muzero", "gumbel")
 Q_TRANSFORMS = ("parent_and_siblings", "tree_min_max")
 UNVISITED_Q = ("min", "parent_mean")
 TREE_MIN_MAX_FLOOR = 0.01  # EfficientZero's `value_delta_max`
