@@ -7,6 +7,8 @@ policy softmax(logits + sigma(completed Q)) with sigma(q) = (c_visit + max_b N(b
 min-max normalised Q), at mctx's constants c_visit = 50 and c_scale = 0.1.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import mctx
@@ -28,7 +30,7 @@ def _softmax(x):
     return e / e.sum()
 
 
-def _bandit_search(params, observation, key, evaluation):
+def _bandit_search(params, observation, key, evaluation, *, c_visit=C_VISIT, c_scale=C_SCALE):
     """`search(params, observation, key, evaluation)` of MuZero's `search_with` (Gumbel, 2
     simulations) on a one-step bandit with params {"q": [3], "v": []}: the root's prior is
     `LOGITS` and its value v; taking a at the root gives reward q[a] and discount 0, so
@@ -47,7 +49,7 @@ def _bandit_search(params, observation, key, evaluation):
         search="gumbel", num_simulations=2, support_size=10, discount=0.97,
         dirichlet_alpha=0.3, dirichlet_fraction=0.25, temperature=1.0,
         q_transform="parent_and_siblings", unvisited_q="min", max_num_considered_actions=16,
-        gumbel_scale=1.0)
+        gumbel_scale=1.0, gumbel_value_scale=c_scale, gumbel_maxvisit_init=c_visit)
     root = mctx.RootFnOutput(prior_logits=jnp.asarray(LOGITS, jnp.float32)[None],
                              value=params["v"][None], embedding=jnp.zeros((1,), jnp.float32))
     return muzero.search_with(root, recurrent_fn, params, key, settings, evaluation=evaluation)
@@ -58,7 +60,7 @@ _ACTOR_STEP = jax.jit(muzero.make_actor_step(_bandit_search, kind="gumbel"),
                       static_argnames="evaluation")
 
 
-def _improved_policy(q, raw_value, visits):
+def _improved_policy(q, raw_value, visits, *, c_visit=C_VISIT, c_scale=C_SCALE):
     """softmax(logits + sigma(completed Q)) by hand: unvisited actions take the mixed value
     v_mix = (v + sum N * sum_{visited} pi q / sum_{visited} pi) / (1 + sum N); Q is min-max
     normalised over the completed Q of the root's children; sigma scales it by
@@ -69,7 +71,7 @@ def _improved_policy(q, raw_value, visits):
     v_mix = (raw_value + visits.sum() * weighted) / (1 + visits.sum())
     completed = np.where(seen, q, v_mix)
     normalised = (completed - completed.min()) / (completed.max() - completed.min())
-    sigma = (C_VISIT + visits.max()) * C_SCALE * normalised
+    sigma = (c_visit + visits.max()) * c_scale * normalised
     return _softmax(LOGITS + sigma), sigma
 
 
@@ -77,10 +79,10 @@ def _bandit(q, raw_value):
     return {"q": jnp.asarray(q, jnp.float32), "v": jnp.asarray(raw_value, jnp.float32)}
 
 
-def _act(q, raw_value, *, evaluation, key=0):
+def _act(q, raw_value, *, evaluation, key=0, actor_step=_ACTOR_STEP):
     timestep = TimeStep(step_type=jnp.zeros(1, jnp.int32), reward=jnp.zeros(1),
                         discount=jnp.ones(1), observation=jnp.zeros((1, 1)))
-    action, _, extras = _ACTOR_STEP(_bandit(q, raw_value), (), timestep,
+    action, _, extras = actor_step(_bandit(q, raw_value), (), timestep,
                                     jax.random.PRNGKey(key), evaluation=evaluation)
     return int(action[0]), np.asarray(extras["policy"][0])
 
@@ -132,6 +134,22 @@ def test_evaluation_acts_with_sequential_halvings_choice_not_the_targets_argmax(
     assert all(_act(q, v, evaluation=True, key=k)[0] == 0 for k in range(4))
 
 
+def test_sigmas_constants_are_switches():
+    # The paper's c_visit and c_scale, here 10 and 1.0 instead of mctx's 50 and 0.1.
+    search = functools.partial(_bandit_search, c_visit=10.0, c_scale=1.0)
+    actor_step = jax.jit(muzero.make_actor_step(search, kind="gumbel"),
+                         static_argnames="evaluation")
+    q, v = [0.1, 0.6, 0.9], 0.2
+    _, policy = _act(q, v, evaluation=True, actor_step=actor_step)
+    expected, _ = _improved_policy(q, v, [1, 1, 0], c_visit=10.0, c_scale=1.0)
+    np.testing.assert_allclose(policy, expected, rtol=1e-5)
+    assert not np.allclose(policy, _improved_policy(q, v, [1, 1, 0])[0], rtol=1e-2)
+    config = muzero.default_config()
+    config.gumbel_value_scale, config.gumbel_maxvisit_init = 1.0, 10.0
+    settings = muzero.search_config(config)
+    assert (settings.gumbel_value_scale, settings.gumbel_maxvisit_init) == (1.0, 10.0)
+
+
 def test_an_unknown_search_names_the_field():
     config = muzero.default_config()
     config.search = "gumble"
@@ -144,7 +162,8 @@ def test_gumbel_muzero_learns_catch_with_two_simulations():
     after 16K environment steps the training return is >= 0.5."""
     config = gumbel_muzero_catch.get_config()
     assert config.agent.search == "gumbel" and config.agent.num_simulations == 2
-    config.total_env_steps = 16_000
+    config.num_devices = 1
+    config.total_env_steps = 32_000
     result = anakin.train(config)
     returns = [h["episode_return"] for h in result.history]
     assert returns[0] < 0.0, returns  # started at random play

@@ -48,9 +48,11 @@ METRIC_NAMES = ("loss", "value_loss", "policy_loss", "reward_loss", "grad_norm",
 # did before the field existed (registered as `introduced`): checkpoints made without the field
 # resume at that value. Each value was read off the diff that added the field: None bins are
 # the old 2S + 1; without the terminal head the loss adds 0 and the search's discount is
-# unchanged; a gradient share of 1 is the full gradient; rewards times 1.0 are unchanged.
+# unchanged; a gradient share of 1 is the full gradient; rewards times 1.0 are unchanged;
+# the Gumbel search passed mctx's defaults of its Q transform.
 INTRODUCED = MappingProxyType({"support_bins": None, "terminal_head": False,
-                               "terminal_head_gradient": 1.0, "reward_scale": 1.0})
+                               "terminal_head_gradient": 1.0, "reward_scale": 1.0,
+                               "gumbel_value_scale": 0.1, "gumbel_maxvisit_init": 50.0})
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -91,8 +93,12 @@ def default_config() -> ml_collections.ConfigDict:
     # "parent_mean" (EfficientZero: the mean Q of the parent's visited children and its
     # parent's, normalised like the others).
     c.unvisited_q = "parent_mean"
-    c.max_num_considered_actions = 16  # Gumbel search
+    c.max_num_considered_actions = 16  # Gumbel search: m, the actions sampled at the root
     c.gumbel_scale = 1.0  # Gumbel search, acting (evaluation uses 0)
+    # Gumbel search's sigma(q) = (gumbel_maxvisit_init + max_b N(b)) gumbel_value_scale q on
+    # min-max normalised completed Q (the paper's c_visit and c_scale; mctx's defaults).
+    c.gumbel_value_scale = 0.1
+    c.gumbel_maxvisit_init = 50.0
     # Learning.
     c.discount = 0.97  # gamma per agent step
     c.unroll_steps = 5  # K: model steps unrolled from each sampled position
@@ -232,7 +238,8 @@ def search_config(config: ml_collections.ConfigDict) -> SearchConfig:
         temperature=config.temperature, q_transform=config.q_transform,
         unvisited_q=config.unvisited_q,
         max_num_considered_actions=config.max_num_considered_actions,
-        gumbel_scale=config.gumbel_scale)
+        gumbel_scale=config.gumbel_scale, gumbel_value_scale=float(config.gumbel_value_scale),
+        gumbel_maxvisit_init=float(config.gumbel_maxvisit_init))
 
 
 def learn_config(config: ml_collections.ConfigDict) -> LearnConfig:
