@@ -159,11 +159,12 @@ def test_an_unknown_search_names_the_field():
 
 def test_gumbel_muzero_learns_catch_with_two_simulations():
     """Gumbel MuZero at 2 simulations on Anakin Catch: a random policy scores about -0.6;
-    after 16K environment steps the training return is >= 0.5."""
+    after 40K environment steps the training return is >= 0.5 (PUCT at 2 simulations stays
+    below 0 through 64K on seeds 0, 1, 2: docs/gumbel_muzero.md)."""
     config = gumbel_muzero_catch.get_config()
     assert config.agent.search == "gumbel" and config.agent.num_simulations == 2
     config.num_devices = 1
-    config.total_env_steps = 32_000
+    config.total_env_steps = 40_000
     result = anakin.train(config)
     returns = [h["episode_return"] for h in result.history]
     assert returns[0] < 0.0, returns  # started at random play
