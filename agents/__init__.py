@@ -104,6 +104,8 @@ _builtin("vtrace", "agents.vtrace")
 _builtin("muzero", "agents.muzero")
 _builtin("efficientzero", "agents.efficientzero")
 _builtin("ppo", "agents.ppo", continuous_actions=True)
+_builtin("dqn", "agents.dqn")
+_builtin("pqn", "agents.pqn")
 
 
 def registration_id(name: str) -> int:

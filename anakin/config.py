@@ -168,6 +168,7 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int,
     cfg.require_agent(config, agents.registered())
     cfg.require_positive(config, "rollout_length", "updates_per_chunk",
                          "total_env_steps", "agent.learning_rate")
+    cfg.require_rollout_length_tied(config)
     cfg.require_non_negative(config, "num_envs", "num_devices", "env.max_episode_steps", "seed")
     frame_stack = config.env.get("frame_stack", 1)
     if not isinstance(frame_stack, int) or isinstance(frame_stack, bool) or frame_stack < 1:

@@ -290,7 +290,8 @@ class _HostLoop:
         progress = None
         if plan.sweep and plan.is_main:
             progress = metrics_lib.Progress(plan.total_env_steps,
-                                            start_env_steps=start.chunks * plan.steps_per_chunk)
+                                            start_env_steps=start.chunks * plan.steps_per_chunk,
+                                            runs=plan.num_runs)
         saved = start.chunks if start.resumed_from is not None else None
         interrupted = False
         self.run_start = self.last_fetch = time.perf_counter()

@@ -5,6 +5,7 @@
     check_agent(my_make_agent, config=my_config())         # an agent not registered (yet)
 
     python -m experiments.conformance --agent=vtrace       # one line per rule
+    python -m experiments.conformance --module=my_pkg.my_agent --agent=my_agent
 
 `check_agent` builds the agent for an environment (`catch` by default) and checks, rule by
 rule, what Anakin and Sebulba assume of a `podracer.Agent` without knowing which agent they
@@ -23,12 +24,17 @@ that one break is reported once. The rules, in the order they run:
   acting_view      actor_step acts on Sebulba's view of a timestep: observation and step type
                    only, reward and discount None (acting and evaluating)
   rollout_length   learner_step takes [T+1, B] trajectories of the runner's T (a replay's period
-                   is the runner's rollout length)
+                   is the runner's rollout length); where the config has `rollout_length`, the
+                   agent built with another refuses them with a `ConfigError` naming
+                   agent.rollout_length
   evaluation       actor_step(..., evaluation=True) is deterministic: other keys, same actions
   metrics          learner_step's metrics: a dict of numeric scalars whose names do not collide
                    with the runners' own record fields
   vmap             actor_step and learner_step under `jax.vmap` over runs, inside the device
                    replication (an Anakin sweep; init is called run by run, as Anakin does)
+  updates_change_params
+                   the actor parameters change within a few replicated learner steps (an agent
+                   that never updates leaves every other rule unexercised)
   replication      init with one key gives the same state on every device, and after
                    learner_step on different data per device the actor parameters still agree
                    (gradients averaged over the device axis)
@@ -48,7 +54,10 @@ The replication rules need at least two devices (on a CPU host, simulate them wi
 with one they are skipped, and the report says so. Sizes are small (T = 4, 4 environments per
 device): the check is about the interface, not about learning. An agent whose config has a
 `rollout_length` field (a replay agent) gets the check's T there, as experiments tie it to
-the runner's (`config.agent.rollout_length = config.get_ref('rollout_length')`).
+the runner's (`config.agent.rollout_length = config.get_ref('rollout_length')`). A warm-up held
+in a config field named in `WARMUP_FIELDS` (`min_replay_items`, `learning_starts`, ...) above
+T x B, the transitions one trajectory brings each device, is lowered to T x B; the report says
+which fields the check set.
 
 Why this lives in `experiments`: the last two rules run both runners' own programs, and only
 `experiments` may import both `anakin` and `sebulba` (docs/architecture.md, "Packages"). The
@@ -73,6 +82,7 @@ if __name__ == "__main__":  # the CLI: simulated devices for the replication rul
 
 import dataclasses
 import functools
+import importlib
 import queue
 import tempfile
 import threading
@@ -90,6 +100,7 @@ from anakin.programs import FIRST_NONFINITE, make_programs, make_rollout
 from podracer import faults, replication
 from podracer.agent import Agent
 from podracer.checkpoint import state_layout
+from podracer.config import ConfigError
 from podracer.types import DEVICE_AXIS, DiscreteSpec, TimeStep
 
 ROLLOUT_LENGTH = 4  # T of every trajectory the check makes
@@ -97,6 +108,16 @@ ENVS_PER_DEVICE = 4  # B
 NUM_RUNS = 2  # runs vmapped by the `vmap` rule
 UPDATES_PER_CHUNK = 2  # of the Anakin chunk
 SEBULBA_UPDATES = 2
+MAX_LEARNER_STEPS = 8  # replicated learner steps, at most, waiting for the parameters to change
+# Config fields an agent may hold a warm-up in (no update until a replay holds this much): the
+# check lowers one above WARMUP to WARMUP, the transitions one trajectory brings each device,
+# so that its few learner steps update.
+WARMUP_FIELDS = ("warmup", "warmup_steps", "warmup_transitions", "learning_starts",
+                 "min_replay_size", "min_replay_items", "replay_min_size", "min_buffer_size")
+WARMUP = ROLLOUT_LENGTH * ENVS_PER_DEVICE
+# A sampled batch no larger than the lowered warm-up: an agent may refuse a warm-up smaller
+# than one batch (DQN does), so a batch size above WARMUP is lowered with it.
+BATCH_FIELDS = ("batch_size",)
 
 # Record fields the runners write beside the agent's metrics (anakin.runner._record,
 # sebulba.learner.Learner._record, the evaluations', the chunk's internal ones): a metric of
@@ -150,6 +171,7 @@ class ConformanceReport:
     env: str
     num_devices: int
     results: tuple[RuleResult, ...]
+    config_changes: tuple[str, ...] = ()  # the agent config fields the check set, and why
 
     @property
     def passed(self) -> bool:
@@ -161,7 +183,9 @@ class ConformanceReport:
     def __str__(self) -> str:
         head = (f"Agent {self.agent!r} on {self.env!r}, {self.num_devices} device(s): "
                 + ("conforms" if self.passed else "does NOT conform"))
-        return "\n".join([head] + [r.line() for r in self.results])
+        changes = ["Set by the check: " + "; ".join(self.config_changes)] \
+            if self.config_changes else []
+        return "\n".join([head] + changes + [r.line() for r in self.results])
 
 
 class _Violation(Exception):
@@ -185,10 +209,12 @@ class _Subject:
     """One agent under check, and what several rules use (built when first needed)."""
 
     def __init__(self, name: str, make_agent: Callable, config: ml_collections.ConfigDict,
-                 env_name: str, num_devices: int, seed: int):
+                 env_name: str, num_devices: int, seed: int,
+                 lowered: Mapping[str, tuple[Any, Any]] | None = None):
         self.name = name
         self.make_agent = make_agent
         self.config = config
+        self.lowered = dict(lowered or {})  # warm-up field -> (the config's value, the check's)
         self.env_name = env_name
         self.env = envs_jax.wrap_for_training(envs_jax.make(env_name), None)
         self.spec = self.env.spec()
@@ -197,6 +223,7 @@ class _Subject:
         self.mesh = replication.make_mesh(self.devices)
         self.key = jax.random.PRNGKey(seed)
         self._replicated_steps: Any = None
+        self.updated_after: int | None = None  # the replicated step that first changed params
 
     @functools.cached_property
     def agent(self) -> Agent:
@@ -234,9 +261,10 @@ class _Subject:
 
         return jax.jit(run)
 
-    def trajectories(self, count: int) -> Any:
-        """`count` trajectories from different environments, stacked: [count, T+1, B, ...]."""
-        keys = jax.random.split(jax.random.fold_in(self.key, 1), count)
+    def trajectories(self, count: int, salt: int = 1) -> Any:
+        """`count` trajectories from different environments, stacked: [count, T+1, B, ...]
+        (another `salt`, other environments)."""
+        keys = jax.random.split(jax.random.fold_in(self.key, salt), count)
         return jax.tree.map(lambda *xs: jnp.stack(xs),
                             *[self.rollout(self.params, k) for k in keys])
 
@@ -250,8 +278,10 @@ class _Subject:
         return jax.jit(lambda s, t, k: agent.learner_step(s, t, k, axis_name=None))
 
     def replicated_steps(self) -> tuple[Any, Any, Any]:
-        """(initial state, state after two replicated learner steps on different data per
-        device, the second step's metrics), all stacked over the devices."""
+        """(initial state, state after replicated learner steps on different data per device,
+        the last step's metrics), all stacked over the devices. Two steps, or more, up to
+        `MAX_LEARNER_STEPS`, until the actor parameters change (a warm-up); `updated_after`
+        is then the number of steps that changed them (None: none did)."""
         if self._replicated_steps is None:
             agent, n = self.agent, self.num_devices
             init = replication.replicate(lambda k: agent.init(k, self.spec), self.mesh)
@@ -259,13 +289,20 @@ class _Subject:
                 lambda s, t, k: agent.learner_step(s, t, k, axis_name=DEVICE_AXIS), self.mesh)
             keys = np.broadcast_to(np.asarray(self.key), (n,) + self.key.shape)
             initial = init(replication.from_global(keys, self.mesh))
-            state, metrics = initial, None
-            for i in range(2):
-                data = self.trajectories(n) if i == 0 else jax.tree.map(
-                    lambda x: x[::-1], self.trajectories(n))
+            initial_params = agent.actor_params(_device_slices(initial)[0])
+            state, metrics, data = initial, None, None
+            for i in range(MAX_LEARNER_STEPS):
+                # The second step: the first's data, swapped between devices.
+                data = (jax.tree.map(lambda x: x[::-1], data) if i == 1 and n > 1
+                        else self.trajectories(n, salt=1 + i))
                 step_keys = jax.random.split(jax.random.fold_in(self.key, 2 + i), n)
                 state, metrics = step(state, replication.from_global(data, self.mesh),
                                       replication.from_global(step_keys, self.mesh))
+                if self.updated_after is None and _first_difference(
+                        agent.actor_params(_device_slices(state)[0]), initial_params) is not None:
+                    self.updated_after = i + 1
+                if i >= 1 and self.updated_after is not None:
+                    break
             self._replicated_steps = (initial, state, metrics)
         return self._replicated_steps
 
@@ -458,10 +495,40 @@ def rule_rollout_length(s: _Subject) -> str | None:
             f"learner_step refused a [T+1={ROLLOUT_LENGTH + 1}, B={ENVS_PER_DEVICE}] "
             f"trajectory, the runner's rollout length T={ROLLOUT_LENGTH} "
             f"({type(error).__name__}: {_short(error)})") from error
-    note = None
-    if "rollout_length" in s.config:
-        note = f"agent.rollout_length tied to the check's T={ROLLOUT_LENGTH}"
-    return note
+    if "rollout_length" not in s.config:
+        return None
+    # Untied, as a config that forgets the tie would make it (the runners refuse one before
+    # compiling; a notebook calling learner_step does not): the error must name the field.
+    config = ml_collections.ConfigDict(s.config.to_dict())
+    config.rollout_length = 2 * ROLLOUT_LENGTH
+    try:
+        untied = s.build(config)
+        state = jax.eval_shape(lambda k: untied.init(k, s.spec), s.key)
+    except Exception:  # noqa: BLE001 - built only for this one question; other rules build
+        return f"agent.rollout_length tied to the check's T={ROLLOUT_LENGTH}"
+    try:
+        jax.eval_shape(lambda st, t, k: untied.learner_step(st, t, k, axis_name=None),
+                       state, abstract, s.key)
+    except Exception as error:
+        if isinstance(error, ConfigError) and error.field == "agent.rollout_length":
+            return (f"agent.rollout_length tied to the check's T={ROLLOUT_LENGTH}; untied, "
+                    "learner_step names the field")
+        raise _Violation(_untied_problem(error), _UNTIED_FIX) from error
+    return f"agent.rollout_length tied to the check's T={ROLLOUT_LENGTH}"
+
+
+_UNTIED_FIX = ("check the trajectory's T in learner_step: raise podracer.config.ConfigError("
+               "'agent.rollout_length', f'is {rollout_length} but the runner sends "
+               "trajectories of T={t}', \"tie them: config.agent.rollout_length = "
+               "config.get_ref('rollout_length')\") (as agents/muzero/learning.py's "
+               "check_trajectory does)")
+
+
+def _untied_problem(error: Exception) -> str:
+    return (f"with agent.rollout_length = {2 * ROLLOUT_LENGTH} and the runner's T = "
+            f"{ROLLOUT_LENGTH} (a config without the tie), learner_step fails with "
+            f"{type(error).__name__}: {_short(error)}, which does not name "
+            "config.agent.rollout_length and the tie")
 
 
 def rule_metrics(s: _Subject) -> str | None:
@@ -518,6 +585,30 @@ def rule_vmap(s: _Subject) -> str | None:
     return None
 
 
+def rule_updates_change_params(s: _Subject) -> str | None:
+    """The actor parameters change within `MAX_LEARNER_STEPS` replicated learner steps (after
+    the check lowered a warm-up field to what its trajectories reach): an agent that never
+    updates would pass every other rule unexercised."""
+    s.replicated_steps()
+    lowered = "; ".join(f"the check set agent.{field} = {new} (was {old})"
+                        for field, (old, new) in s.lowered.items())
+    if s.updated_after is not None:
+        note = f"the actor parameters changed at learner step {s.updated_after}"
+        return f"{note} ({lowered})" if lowered else (note if s.updated_after > 1 else None)
+    problem = (f"the actor parameters never changed over {MAX_LEARNER_STEPS} learner steps on "
+               f"[T+1={ROLLOUT_LENGTH + 1}, B={ENVS_PER_DEVICE}] trajectories ({WARMUP} "
+               "transitions per device each): the runners would train nothing, and the "
+               "replication rules would check nothing")
+    if lowered:
+        field = next(iter(s.lowered))
+        raise _Violation(
+            f"{problem}, though {lowered}: one trajectory's transitions per device",
+            f"pass check_agent a config whose agent.{field} the check's {MAX_LEARNER_STEPS} "
+            f"learner steps of {WARMUP} transitions per device reach (e.g. 0), or make "
+            "learner_step update once its warm-up is reached")
+    raise _Violation(problem)
+
+
 def rule_replication(s: _Subject) -> str | None:
     """init with one key gives the same state on every device; after learner_step on
     different data per device the actor parameters still agree."""
@@ -541,8 +632,8 @@ def rule_replication(s: _Subject) -> str | None:
                 f"average gradients over the device axis: jax.lax.pmean(grads, axis_name) in "
                 f"learner_step (axis_name is {DEVICE_AXIS!r} under the runners)")
     if _first_difference(params[0], s.agent.actor_params(first)) is None:
-        return ("inconclusive: two learner steps left the actor parameters unchanged (a "
-                "warm-up?); lower it, e.g. a replay's minimum size, to exercise this rule")
+        return (f"inconclusive: {MAX_LEARNER_STEPS} learner steps left the actor parameters "
+                "unchanged (see updates_change_params)")
     return None
 
 
@@ -795,6 +886,11 @@ RULES: tuple[Rule, ...] = (
          "keep actor_step and learner_step pure functions of their arguments (no Python "
          "control flow on traced values, no host callbacks), so that jax.vmap maps them",
          ("rollout_length", "metrics")),
+    Rule("updates_change_params", rule_updates_change_params,
+         "apply the optimiser's update to the parameters learner_step returns; if the agent "
+         "waits for a warm-up (no updates until a replay fills), hold it in a config field "
+         f"named one of {', '.join(WARMUP_FIELDS)}, so that the check can lower it",
+         ("rollout_length",)),
     Rule("replication", rule_replication,
          "average gradients over the device axis (jax.lax.pmean(grads, axis_name) when "
          "axis_name is not None)", ("rollout_length",)),
@@ -853,13 +949,30 @@ def check_agent(agent: str | Callable[[ml_collections.ConfigDict, Any], Agent], 
     if unknown:
         raise ValueError(f"Unknown rules {unknown}; the rules are {list(RULE_NAMES)}")
     config = ml_collections.ConfigDict(config.to_dict())
+    changes = []
     if "rollout_length" in config:
         config.rollout_length = ROLLOUT_LENGTH  # as experiments tie it to the runner's T
+        changes.append(f"agent.rollout_length = {ROLLOUT_LENGTH}, the check's T")
+    lowered = {}
+    for field in WARMUP_FIELDS:
+        value = config.get(field)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > WARMUP:
+            lowered[field] = (value, type(value)(WARMUP))
+            config[field] = type(value)(WARMUP)
+            changes.append(f"agent.{field} = {WARMUP} (was {value}), a warm-up the check's "
+                           f"trajectories reach ({WARMUP} transitions per device each)")
+    if lowered:
+        for field in BATCH_FIELDS:
+            value = config.get(field)
+            if isinstance(value, int) and not isinstance(value, bool) and value > WARMUP:
+                config[field] = WARMUP
+                changes.append(f"agent.{field} = {WARMUP} (was {value}), no larger than the "
+                               "lowered warm-up")
     available = jax.local_device_count()
     num_devices = min(2, available) if num_devices is None else num_devices
     if not 1 <= num_devices <= available:
         raise ValueError(f"num_devices={num_devices}, but {available} device(s) are present")
-    subject = _Subject(name, make_agent, config, env, num_devices, seed)
+    subject = _Subject(name, make_agent, config, env, num_devices, seed, lowered)
     results, failed = [], set()
     for rule in RULES:
         if rules is not None and rule.name not in rules:
@@ -874,7 +987,7 @@ def check_agent(agent: str | Callable[[ml_collections.ConfigDict, Any], Agent], 
             failed.add(rule.name)  # so that its dependants are skipped too
         results.append(result)
     report = ConformanceReport(agent=name, env=env, num_devices=num_devices,
-                               results=tuple(results))
+                               results=tuple(results), config_changes=tuple(changes))
     if raise_on_failure and not report.passed:
         raise ConformanceError(report)
     return report
@@ -899,11 +1012,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.conformance",
         description="Runs an agent through the rules Anakin and Sebulba rely on.")
-    parser.add_argument("--agent", required=True, choices=agents.registered())
+    parser.add_argument("--agent", required=True,
+                        help="a registered agent's name (built-in, or registered by a --module)")
+    parser.add_argument("--module", action="append", default=[], metavar="PKG.MOD",
+                        help="a module to import first, e.g. the one whose agents.register(...) "
+                        "registers your agent (repeatable)")
     parser.add_argument("--env", default="catch", help="an envs_jax environment name")
     parser.add_argument("--num_devices", type=int, default=None)
     parser.add_argument("--rules", default="", help=f"comma-separated, of {', '.join(RULE_NAMES)}")
     args = parser.parse_args(argv)
+    for module in args.module:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            parser.error(f"--module={module}: cannot import it ({error}); name a module on the "
+                         "Python path (run from your project's root, or set PYTHONPATH)")
+    if args.agent not in agents.registered():
+        parser.error(f"--agent={args.agent}: no agent of that name is registered (registered: "
+                     f"{', '.join(agents.registered())}); to check your own agent, name the "
+                     "module that registers it with --module=pkg.mod")
     report = check_agent(args.agent, env=args.env, num_devices=args.num_devices,
                          rules=[r for r in args.rules.split(",") if r] or None,
                          raise_on_failure=False)

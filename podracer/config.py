@@ -96,6 +96,21 @@ def require_agent(config: ml_collections.ConfigDict, choices: Iterable[str]) -> 
     require_choice(config, "agent.name", choices)
 
 
+def require_rollout_length_tied(config: ml_collections.ConfigDict) -> None:
+    """`config.agent.rollout_length`, where the agent has that field (it sizes what holds
+    trajectories by it, e.g. a replay's period), equals the runner's `config.rollout_length`."""
+    agent = config.get("agent")
+    if agent is None or "rollout_length" not in agent:
+        return
+    if agent.rollout_length != config.rollout_length:
+        raise ConfigError(
+            "agent.rollout_length",
+            f"is {agent.rollout_length} but the runner's rollout_length is "
+            f"{config.rollout_length}: the agent sizes what holds its trajectories (a replay's "
+            "period) by its own field, and receives the runner's",
+            "set config.agent.rollout_length = config.get_ref('rollout_length')")
+
+
 def validate_run_options(config: ml_collections.ConfigDict) -> None:
     """The checkpoint and evaluation fields: whole numbers >= 0, and >= 1 where 0 means
     nothing (keeping no checkpoint, evaluating no episode or no step)."""

@@ -98,13 +98,17 @@ class MetricsWriter:
         self.close()
 
 
-def format_progress(record: dict[str, Any]) -> str:
+def format_progress(record: dict[str, Any], runs: int = 1) -> str:
+    """One plain progress line. `runs` > 1: `record` is a sweep's, its returns the mean over
+    the runs and its steps per second their sum, which the line says."""
     def fmt(key: str, value: Any) -> str:
         if value is None:
             return f"{key}=-"
         if isinstance(value, float):
             if key == "steps_per_second":
-                return f"sps={value:,.0f}"
+                return f"sps={value:,.0f}" + (f" (sum over {runs} runs)" if runs > 1 else "")
+            if key in ("episode_return", "eval_return") and runs > 1:
+                return f"{key}={value:.3g} (mean over {runs} runs)"
             return f"{key}={value:.3g}"
         if isinstance(value, int):
             return f"{key}={value:,}"
@@ -154,14 +158,16 @@ class Progress:
 
     On a terminal: one line redrawn in place, a bar with the percentage, environment steps,
     rate and ETA. Elsewhere (a log file, a notebook, CI): one plain `format_progress` line per
-    record, with the ETA appended, so logs stay greppable.
+    record, with the ETA appended, so logs stay greppable. For a sweep of `runs` runs each
+    record is the runs' mean, steps per second their sum, and both lines say so.
     """
 
     BAR_WIDTH = 24
 
     def __init__(self, total_env_steps: int | None, stream: TextIO | None = None, *,
-                 tty: bool | None = None, start_env_steps: int = 0):
+                 tty: bool | None = None, start_env_steps: int = 0, runs: int = 1):
         self.total = total_env_steps
+        self.runs = runs
         self.stream = stream if stream is not None else sys.stdout
         if tty is None:
             isatty = getattr(self.stream, "isatty", None)
@@ -183,7 +189,7 @@ class Progress:
         steps = record.get("env_steps")
         eta = self.eta_seconds(steps) if isinstance(steps, (int, float)) else None
         if not self.tty:
-            line = format_progress(record)
+            line = format_progress(record, self.runs)
             if eta is not None:
                 line += f"  eta={_format_duration(eta)}"
             print(line, file=self.stream, flush=True)
@@ -196,13 +202,15 @@ class Progress:
             parts.append(f"{_format_count(steps)}/{_format_count(self.total)} steps")
         elif steps is not None:
             parts.append(f"{_format_count(steps)} steps")
+        summed, mean = ((f" (sum over {self.runs} runs)", f" (mean over {self.runs} runs)")
+                        if self.runs > 1 else ("", ""))
         if isinstance(record.get("steps_per_second"), (int, float)):
-            parts.append(f"{_format_count(record['steps_per_second'])} steps/s")
+            parts.append(f"{_format_count(record['steps_per_second'])} steps/s{summed}")
         if eta is not None:
             parts.append(f"ETA {_format_duration(eta)}")
         for key in ("episode_return", "eval_return"):
             if isinstance(record.get(key), float):
-                parts.append(f"{key.split('_')[0]} {record[key]:.3g}")
+                parts.append(f"{key.split('_')[0]} {record[key]:.3g}{mean}")
         # \r returns to the line start and ESC[K clears what a longer previous line left.
         self.stream.write("\r" + "  ".join(parts) + "\x1b[K")
         self.stream.flush()

@@ -89,6 +89,23 @@ class TrainResult:
     last_batch: tuple[Any, ...] = ()
     run_info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        # The summary only: the state, records and parameters are fields to read, and would
+        # print every array.
+        final = self.final_metrics
+        parts = [f"{key}={final[key]}" for key in ("updates", "env_steps") if key in final]
+        parts += [f"final_{key}={final[key]:.4g}" for key in ("episode_return", "eval_return")
+                  if isinstance(final.get(key), (int, float))]
+        parts += [f"run_seconds={self.run_seconds:.1f}",
+                  f"compile_seconds={self.compile_seconds:.1f}"]
+        if self.run_histories and len(self.run_histories) > 1:
+            parts.append(f"runs={len(self.run_histories)}")
+        if self.resumed_from_updates is not None:
+            parts.append(f"resumed_from_updates={self.resumed_from_updates}")
+        if self.interrupted:
+            parts.append("interrupted=True")
+        return f"TrainResult({', '.join(parts)})"
+
     @property
     def learner_state(self) -> Any:
         return self.state.learner_state

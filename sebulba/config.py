@@ -253,6 +253,7 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
     config, sizes = resolved(config, machine)
     cfg.require_positive(config, "rollout_length", "total_env_steps", "queue_size",
                          "log_every_updates", "timeout_s", "agent.learning_rate")
+    cfg.require_rollout_length_tied(config)
     cfg.require_non_negative(config, "seed", "policy_lag")
     cfg.require_choice(config, "staleness", STALENESS)
     cfg.validate_run_options(config)  # checkpoint_* and eval_*

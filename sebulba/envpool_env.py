@@ -27,9 +27,11 @@ uses is recorded, with the envpool version, by `run_description`.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import envpool
@@ -162,10 +164,23 @@ def to_agent_layout(observation: Any) -> Any:
     return observation
 
 
+@contextlib.contextmanager
+def _quiet_box_precision() -> Iterator[None]:
+    """Silences gymnasium's "Box low's (high's) precision lowered" UserWarning: envpool gives
+    float64 bounds to its float32 Box spaces, which are built when its spec is read, and the
+    bounds are never used at that precision here. `catch_warnings` swaps the process's filters:
+    used only where specs and environments are built, at start-up."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*Box (low|high)'s precision lowered",
+                                category=UserWarning)
+        yield
+
+
 def env_spec(task: str, options: Mapping[str, Any] | None = None) -> EnvSpec:
     """The agent-facing spec of `task` (observations in agent layout, see `to_agent_layout`)."""
-    spec = envpool.make_spec(task, **dict(options or {}))
-    obs_space, act_space = spec.observation_space, spec.action_space
+    with _quiet_box_precision():
+        spec = envpool.make_spec(task, **dict(options or {}))
+        obs_space, act_space = spec.observation_space, spec.action_space
     if not hasattr(act_space, "n"):
         action: DiscreteSpec | ArraySpec = ArraySpec(tuple(act_space.shape), act_space.dtype,
                                                      act_space.low, act_space.high, "action")
@@ -190,8 +205,11 @@ class EnvpoolEnv:
         self.num_envs = num_envs
         self.options = dict(options or {})
         self._atari = is_atari(task)
-        self._env = envpool.make(task, env_type="gymnasium", num_envs=num_envs, seed=seed,
-                                 num_threads=num_threads, **self.options)
+        with _quiet_box_precision():
+            self._env = envpool.make(task, env_type="gymnasium", num_envs=num_envs, seed=seed,
+                                     num_threads=num_threads, **self.options)
+            # Built (and kept) by envpool when first read, else at the first reset's.
+            self._env.observation_space, self._env.action_space  # noqa: B018
         self._last = np.zeros(num_envs, bool)  # previous step was LAST: this one is a reset
         self._game_over = np.zeros(num_envs, bool)  # previous step ended a whole game
         self._return = np.zeros(num_envs, np.float32)

@@ -1,6 +1,7 @@
 """Validation of the checkpoint, evaluation and sweep fields: clear errors before compiling,
 and how a sweep's runs are read from the config."""
 
+import ml_collections
 import pytest
 
 import anakin
@@ -115,3 +116,27 @@ def test_num_envs_left_to_the_machine():
     config.num_envs = -1
     with pytest.raises(ConfigError, match="num_envs"):
         anakin_config.check(config, 1)
+
+
+def test_an_agent_rollout_length_not_tied_to_the_runners_is_refused_before_compiling(
+        monkeypatch):
+    from experiments.configs import muzero_catch
+
+    config = muzero_catch.get_config()
+    config.num_devices = 1
+    config.rollout_length = 8  # tied: the agent's follows
+    assert config.agent.rollout_length == 8
+    anakin_config.validate(config, 1)
+    # Untied (a copy without the reference): the replay's period would be 16, T 8.
+    config.agent = ml_collections.ConfigDict(config.agent.to_dict())
+    config.agent.rollout_length = 16
+    assert config.rollout_length == 8
+    monkeypatch.setattr(replication, "replicate",
+                        lambda *a, **k: pytest.fail("compiled before validating"))
+    with pytest.raises(ConfigError) as info:
+        anakin.train(config)
+    assert info.value.field == "agent.rollout_length"
+    assert str(info.value) == (
+        "config.agent.rollout_length: is 16 but the runner's rollout_length is 8: the agent "
+        "sizes what holds its trajectories (a replay's period) by its own field, and receives "
+        "the runner's. Fix: set config.agent.rollout_length = config.get_ref('rollout_length')")

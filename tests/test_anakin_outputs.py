@@ -66,6 +66,31 @@ def test_the_banner_counts_the_parameters_acted_with(run):
     assert len(banner) == 1 and "acting with 7,684 parameters" in banner[0], console
 
 
+def test_the_result_prints_as_a_summary_without_arrays(run):
+    _, _, result, _ = run
+    text = repr(result)
+    # 4 chunks of 5 updates, 16 environments x 10 steps each.
+    assert text.startswith("TrainResult(updates=20, env_steps=3200, final_episode_return="), text
+    assert "final_eval_return=" in text and ", run_seconds=" in text
+    assert "compile_seconds=" in text and text.endswith(")")
+    assert "rray" not in text and len(text) < 200, text
+    assert str(result) == text
+
+
+def test_a_results_summary_names_a_sweeps_runs_a_resume_and_an_interruption():
+    from podracer.session import TrainResult
+
+    result = TrainResult(state=np.zeros((2, 1000)), history=[],
+                         final_metrics={"updates": 50, "env_steps": 25600,
+                                        "episode_return": 0.123456, "loss": 1.0},
+                         compile_seconds=3.04, run_seconds=12.96, interrupted=True,
+                         resumed_from_updates=40, run_histories=[[], [], []])
+    assert repr(result) == (
+        "TrainResult(updates=50, env_steps=25600, final_episode_return=0.1235, "
+        "run_seconds=13.0, compile_seconds=3.0, runs=3, resumed_from_updates=40, "
+        "interrupted=True)")
+
+
 def test_metrics_jsonl_has_greedy_evaluations_at_the_interval(run):
     _, workdir, result, _ = run
     records = [json.loads(line)
@@ -116,6 +141,21 @@ def test_progress_on_a_terminal_is_one_bar_redrawn_in_place():
     assert "[############............]  50%" in last
     assert "500K/1M steps" in last and "790K steps/s" in last and "ETA " in last
     assert "episode 0.75" in last and "eval 1" in last
+
+
+def test_a_sweeps_progress_says_its_return_is_a_mean_and_its_rate_a_sum_over_the_runs():
+    record = {"env_steps": 500_000, "updates": 10, "episode_return": 0.75,
+              "steps_per_second": 790_000.0, "eval_return": 1.0}
+    plain = io.StringIO()
+    metrics.Progress(1_000_000, plain, tty=False, runs=4).update(record)
+    assert plain.getvalue().startswith(
+        "env_steps=500,000  updates=10  episode_return=0.75 (mean over 4 runs)  "
+        "sps=790,000 (sum over 4 runs)  eval_return=1 (mean over 4 runs)  eta=")
+    terminal = _Terminal()
+    metrics.Progress(1_000_000, terminal, runs=4).update(record)
+    line = terminal.getvalue()
+    assert "790K steps/s (sum over 4 runs)" in line
+    assert "episode 0.75 (mean over 4 runs)" in line and "eval 1 (mean over 4 runs)" in line
 
 
 def test_progress_elsewhere_is_plain_lines_with_an_eta():

@@ -57,12 +57,13 @@ BUILTIN = {
 # `python -m experiments.conformance --agent=muzero` (and efficientzero), run for the release
 # notes.
 # EfficientZero, the slowest to compile (203 s here for the rules below with replication,
-# metrics_averaged and the Anakin chunk), also leaves out those three: its Anakin and Sebulba
-# learning tests (tests/test_efficientzero.py) run the chunk, the Sebulba update and replicated
-# learner steps, and it shares MuZero's replication code.
+# metrics_averaged and the Anakin chunk), also leaves out those three, and
+# updates_change_params, which compiles the same replicated learner step: its Anakin and
+# Sebulba learning tests (tests/test_efficientzero.py) run the chunk, the Sebulba update and
+# replicated learner steps that learn, and it shares MuZero's replication code.
 SKIPPED_HERE = {"muzero": ("set_hparams", "vmap"),
-                "efficientzero": ("set_hparams", "vmap", "replication", "metrics_averaged",
-                                  "anakin_chunk")}
+                "efficientzero": ("set_hparams", "vmap", "updates_change_params", "replication",
+                                  "metrics_averaged", "anakin_chunk")}
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))
@@ -289,3 +290,157 @@ def test_the_command_line_prints_one_line_per_rule(capsys):
     assert status == 0
     assert lines[0].startswith("Agent 'vtrace' on 'catch'")
     assert lines[1:] == ["PASS  interface", "PASS  actions", "PASS  metrics"]
+
+
+_MODULE = '''
+import agents
+from agents import vtrace
+
+
+def default_config():
+    config = vtrace.default_config()
+    config.name = "researchers_vtrace"
+    return config
+
+
+agents.register("researchers_vtrace", vtrace.make_agent, default_config=default_config,
+                replace=True)
+'''
+
+
+def test_the_command_line_checks_an_agent_registered_by_a_module(tmp_path, monkeypatch, capsys):
+    (tmp_path / "researchers_agent.py").write_text(_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import agents
+
+    try:
+        status = conformance.main(["--module=researchers_agent", "--agent=researchers_vtrace",
+                                   "--rules=interface"])
+    finally:
+        agents._REGISTRY.pop("researchers_vtrace", None)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert status == 0
+    assert lines == ["Agent 'researchers_vtrace' on 'catch', 2 device(s): conforms",
+                     "PASS  interface"]
+
+
+def test_the_command_line_names_the_registered_agents_and_module_for_an_unknown_one(capsys):
+    with pytest.raises(SystemExit) as caught:
+        conformance.main(["--agent=ddqn_nstep"])
+    assert caught.value.code == 2
+    error = capsys.readouterr().err
+    assert "--agent=ddqn_nstep" in error
+    assert all(name in error for name in ("vtrace", "muzero", "efficientzero", "ppo"))
+    assert "--module=" in error
+    with pytest.raises(SystemExit):
+        conformance.main(["--module=no_such_module_here", "--agent=vtrace"])
+    assert "--module=no_such_module_here: cannot import it" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Agents that never update inside the check: V-trace behind a warm-up its tiny trajectories do
+# not reach. The check before `updates_change_params` passed them (replication "inconclusive").
+
+
+def _warming_up(*, field, units=1, averaged=True):
+    """A make_agent: V-trace that skips its update until it has seen `config.<field> * units`
+    transitions (2,000 when `field` is None: a warm-up the config does not hold), with the
+    gradient pmean removed when not `averaged`."""
+
+    def make_agent(config, env_spec):
+        inner = vtrace.make_agent(config, env_spec)
+        warmup = 2_000 if field is None else config[field] * units
+
+        def learner_step(state, trajectory, key, *, axis_name):
+            seen = state["seen"] + trajectory.action.size  # T * B transitions
+            step = lambda s: inner.learner_step(
+                s, trajectory, key, axis_name=axis_name if averaged else None)[0]
+            inner_state = jax.lax.cond(seen >= warmup, step, lambda s: s, state["state"])
+            return {"state": inner_state, "seen": seen}, {"seen": seen.astype(jnp.float32)}
+
+        return inner._replace(
+            init=lambda key, spec: {"state": inner.init(key, spec),
+                                    "seen": jnp.zeros((), jnp.int32)},
+            learner_step=learner_step,
+            actor_params=lambda state: inner.actor_params(state["state"]),
+            set_hparams=None, sweepable=())
+
+    return make_agent
+
+
+def _warmup_config(field, value=2_000):
+    config = vtrace.default_config()
+    if field is not None:
+        config[field] = value
+    return config
+
+
+# The rules up to the replication ones: what an agent that never updates slipped through.
+_UP_TO_REPLICATION = ("interface", "learner_state", "actions", "rollout_length", "metrics",
+                      "updates_change_params", "replication", "metrics_averaged")
+
+
+@pytest.mark.parametrize("field, units, named", [
+    (None, 1, "apply the optimiser's update"),  # a warm-up the check cannot see
+    ("warmup", 100, "agent.warmup"),  # counted in hundreds: lowered to 16, still not reached
+], ids=["hidden_warmup", "warmup_in_other_units"])
+def test_an_agent_that_never_updates_fails_updates_change_params(field, units, named):
+    rules = [r for r in RULE_NAMES if r in _UP_TO_REPLICATION]
+    with pytest.raises(ConformanceError) as caught:
+        check_agent(_warming_up(field=field, units=units), config=_warmup_config(field),
+                    rules=rules)
+    message = str(caught.value)
+    assert caught.value.rules == ["updates_change_params"], message
+    assert "rule 'updates_change_params' failed: the actor parameters never changed over 8 " \
+           "learner steps" in message
+    assert named in message.split("fix: ", 1)[1], message
+
+
+def test_a_warmup_field_is_lowered_so_that_replication_sees_the_pmean_removed():
+    make_agent = _warming_up(field="learning_starts", averaged=False)
+    report = check_agent(make_agent, config=_warmup_config("learning_starts"),
+                         rules=[r for r in RULE_NAMES if r in _UP_TO_REPLICATION],
+                         raise_on_failure=False)
+    assert "agent.learning_starts = 16 (was 2000)" in str(report), str(report)
+    assert [r.rule for r in report.results if r.status == "fail"] == ["replication"], str(report)
+    assert "pmean(grads" in report.result("replication").fix
+    # Averaged, the same agent conforms, updating as soon as the lowered warm-up is reached:
+    # 16 transitions per learner step, so at the first.
+    report = check_agent(_warming_up(field="learning_starts"),
+                         config=_warmup_config("learning_starts"),
+                         rules=["rollout_length", "updates_change_params", "replication"])
+    assert report.passed
+    assert report.result("updates_change_params").detail == (
+        "the actor parameters changed at learner step 1 (the check set agent.learning_starts = "
+        "16 (was 2000))")
+
+
+def _replay_of_period(config, env_spec):
+    """V-trace with a replay-like period `config.rollout_length` that, untied, fails as a
+    replay does: with a ValueError that names neither the config field nor the tie."""
+    agent = vtrace.make_agent(config, env_spec)
+
+    def learner_step(state, trajectory, key, *, axis_name):
+        t = trajectory.action.shape[0]
+        if t != config.rollout_length:
+            raise ValueError(f"adding {t} timesteps per column to a replay of period "
+                             f"{config.rollout_length}")
+        return agent.learner_step(state, trajectory, key, axis_name=axis_name)
+
+    return agent._replace(learner_step=learner_step)
+
+
+def test_an_untied_rollout_length_must_fail_naming_the_field():
+    config = vtrace.default_config()
+    config.rollout_length = 16
+    with pytest.raises(ConformanceError) as caught:
+        check_agent(_replay_of_period, config=config, rules=["rollout_length"])
+    message = str(caught.value)
+    assert caught.value.rules == ["rollout_length"]
+    assert ("with agent.rollout_length = 8 and the runner's T = 4 (a config without the tie), "
+            "learner_step fails with ValueError: adding 4 timesteps per column to a replay of "
+            "period 8, which does not name config.agent.rollout_length") in message, message
+    assert "ConfigError('agent.rollout_length'" in message.split("fix: ", 1)[1]
+    # MuZero's learner_step names the field.
+    report = check_agent("muzero", config=_small_muzero(muzero), rules=["rollout_length"])
+    assert report.result("rollout_length").detail.endswith("learner_step names the field")

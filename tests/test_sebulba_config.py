@@ -143,3 +143,18 @@ def test_validate_resolves_and_records_the_derived_sizes():
     assert (config.envs_per_actor_thread, config.env.num_threads) == (128, 6)
     # A resolved config resolves to itself.
     assert sebulba_config.resolve_sizes(config, Machine(2, "cpu", 1)).derived == ()
+
+
+def test_an_agent_rollout_length_not_tied_to_the_runners_is_refused():
+    from agents import muzero
+
+    config = _cartpole(agent=muzero.default_config(), rollout_length=8)
+    assert config.agent.rollout_length == 16
+    with pytest.raises(ConfigError) as info:
+        validate(config, num_local_devices=1, num_processes=1)
+    assert info.value.field == "agent.rollout_length"
+    assert "is 16 but the runner's rollout_length is 8" in str(info.value)
+    assert str(info.value).endswith(
+        "Fix: set config.agent.rollout_length = config.get_ref('rollout_length')")
+    config.agent.rollout_length = config.get_ref("rollout_length")
+    validate(config, num_local_devices=1, num_processes=1)

@@ -5,6 +5,8 @@ Expected values come from CartPole's published dynamics (termination at |theta| 
 with the same seed and actions.
 """
 
+import warnings
+
 import envpool
 import numpy as np
 import pytest
@@ -207,3 +209,19 @@ def test_episodic_life_changes_the_game_after_a_life_loss():
     assert lives_a[:first_loss + 1] == lives_b[:first_loss + 1]
     assert all((x == y).all() for x, y in zip(a[:first_loss + 1], b[:first_loss + 1]))
     assert any((x != y).any() for x, y in zip(a[first_loss + 1:], b[first_loss + 1:]))
+
+
+def test_starting_an_envpool_environment_prints_no_box_precision_warning():
+    # envpool's CartPole spaces have float64 bounds on float32 Boxes: gymnasium warns that it
+    # lowered their precision, at every Sebulba start, unless silenced.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        envpool_env.env_spec("CartPole-v1")
+        env = EnvpoolEnv("CartPole-v1", 2, seed=0)
+        env.spec()
+        env.reset()
+        env.close()
+        warnings.warn("a warning of the caller's own", UserWarning)  # still shown
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "precision lowered" in m], messages
+    assert "a warning of the caller's own" in messages

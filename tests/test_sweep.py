@@ -132,14 +132,20 @@ def test_four_seed_sweep_equals_four_separate_runs(separate, tmp_path):
     assert os.listdir(tmp_path / "checkpoints") == ["10"]
 
 
-def test_hyperparameter_sweep_runs_equal_runs_with_those_hyperparameters(separate):
+def test_hyperparameter_sweep_runs_equal_runs_with_those_hyperparameters(separate, capsys):
     lr = _config().agent.learning_rate  # the config's own, which the separate runs use
+    capsys.readouterr()
     sweep = anakin.train(_config(**{
         "sweep.seeds": SEEDS,
         # Run 1 changes two hyperparameters; the others keep the config's values.
         "sweep.agent.learning_rate": (lr, 3e-3, lr, lr),
         "sweep.agent.entropy_cost": (0.01, 0.05, 0.01, 0.01),
     }))
+    # The console line, one per chunk, says what its figures are over the runs.
+    lines = [line for line in capsys.readouterr().out.splitlines() if "sps=" in line]
+    assert len(lines) == 2, lines
+    assert all(" (mean over 4 runs)  sps=" in line and " (sum over 4 runs)" in line
+               for line in lines), lines
     built = set(runner._PROGRAMS)
     alone = anakin.train(_config(**{"seed": 1, "agent.learning_rate": 3e-3,
                                     "agent.entropy_cost": 0.05}))

@@ -29,6 +29,7 @@ from agents.muzero.networks import KINDS, MuZeroNetwork, chosen_fields, make_net
 from agents.muzero.search import Q_TRANSFORMS, SEARCHES, UNVISITED_Q, SearchConfig, run_search
 from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
+from podracer import replay_loop
 from podracer.agent import Agent
 from podracer.config import ConfigError
 from podracer.types import Array, EnvSpec, Metrics, PRNGKey, TimeStep, Trajectory
@@ -215,15 +216,9 @@ def make_replay(config: ml_collections.ConfigDict, env_spec: EnvSpec, *,
     windows = math.ceil(config.replay_capacity / period)
     needed = pr.position_replay_bytes(windows, example, period=period, lookahead=lookahead,
                                       history=history)
-    available = pr.device_memory_bytes(jax.local_devices()[0])
-    if available is not None and needed > 0.8 * available:
-        per_position = needed / (windows * period)
-        raise ConfigError(
-            "agent.replay_capacity",
-            f"{config.replay_capacity} positions need {needed / 2**30:.2f} GiB per device, more "
-            f"than 80% of the {available / 2**30:.2f} GiB the device has",
-            f"use at most {int(0.8 * available / per_position)} positions",
-        )
+    replay_loop.check_memory(needed, capacity=config.replay_capacity,
+                             field="agent.replay_capacity", unit="positions",
+                             allocated=windows * period)
     replay = pr.make_position_replay(windows, period=period, lookahead=lookahead,
                                      history=history)
     return replay, example, history

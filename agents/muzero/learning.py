@@ -32,6 +32,7 @@ from agents.muzero import targets as tgt
 from agents.muzero.networks import MuZeroNetwork
 from agents.muzero.search import SearchConfig, run_search, value_to_scalar
 from podracer import position_replay as pr
+from podracer import replay_loop
 from podracer.config import ConfigError
 from podracer.types import Array, Metrics, Params, PRNGKey, StepType, Trajectory
 
@@ -353,22 +354,10 @@ def learner_step(update: Callable[[LearnerState, PRNGKey], tuple[LearnerState, M
     (ln A for a uniform one over A actions; acting's spread, as an actor-critic's entropy)."""
     search_entropy = policy_entropy(steps["policy"], sampleable)
     state = state.replace(replay=replay.add(state.replay, steps, sampleable))
-
-    def train(state):
-        keys = jax.random.split(key, updates_per_step)
-        state, metrics = jax.lax.scan(update, state, keys)
-        return state, jax.tree.map(jnp.mean, metrics)
-
-    def wait(state):
-        return state, {name: jnp.zeros((), jnp.float32) for name in metric_names}
-
-    # Every device inserts the same number of positions, but LAST steps are not
-    # sampleable, so devices may disagree on `ready`: all wait for the slowest.
     size = replay.size(state.replay)
-    ready = size >= min_replay_items
-    if axis_name is not None:
-        ready = jax.lax.pmin(ready.astype(jnp.int32), axis_name) > 0
-    state, metrics = jax.lax.cond(ready, train, wait, state)
+    state, metrics = replay_loop.train_when_ready(
+        update, state, key, size=size, updates_per_step=updates_per_step,
+        min_items=min_replay_items, metric_names=metric_names, axis_name=axis_name)
     metrics = {**metrics, "replay_size": size.astype(jnp.float32),
                "search_entropy": search_entropy}
     if axis_name is not None:

@@ -1,0 +1,50 @@
+"""PQN: its Q(lambda) targets against a hand-worked trajectory (cut at an episode's end), one
+minibatch loss by hand, and the conformance check."""
+
+import jax.numpy as jnp
+import numpy as np
+
+import agents
+from agents import pqn
+from agents.dqn import losses
+
+
+def test_q_lambda_targets_are_the_hand_worked_ones_and_stop_at_an_episode_end():
+    # One column, T = 3: o_1 MID, o_2 LAST (terminal), o_3 FIRST of the next episode.
+    reward = jnp.asarray([[1.0], [2.0], [0.0]])
+    discount = jnp.asarray([[1.0], [0.0], [1.0]])
+    last = jnp.asarray([[False], [True], [False]])
+    q_t = jnp.asarray([[[0.5, 3.0]], [[9.0, 9.0]], [[4.0, -1.0]]])  # Q(o_1), Q(o_2), Q(o_3)
+    g = losses.q_lambda_targets(reward, discount, last, q_t, gamma=0.5, lambda_=0.5)
+    # G_2 = 0 + 0.5 * 4 = 2 (bootstraps from o_3); G_1 = 2 + 0 (terminal); G_0 = 1 + 0.5 *
+    # (0.5 * max Q(o_1) + 0.5 * G_1) = 1 + 0.5 * (1.5 + 1) = 2.25.
+    np.testing.assert_allclose(g[:, 0], [2.25, 2.0, 2.0], rtol=1e-6)
+    # With o_2 a truncation (LAST, d = 1) G_1 bootstraps from o_2: 2 + 0.5 * 9 = 6.5, and G_0
+    # does not reach past it: 1 + 0.5 * (1.5 + 0.5 * 6.5) = 3.375.
+    g = losses.q_lambda_targets(reward, jnp.ones_like(discount), last, q_t, gamma=0.5,
+                                lambda_=0.5)
+    np.testing.assert_allclose(g[:, 0], [3.375, 6.5, 2.0], rtol=1e-6)
+
+
+class _Table:
+    def apply(self, params, observation):
+        return jnp.broadcast_to(params, (observation.shape[0], 2)), None
+
+
+def test_minibatch_loss_is_the_masked_mean_squared_error():
+    loss, q_mean = pqn.minibatch_loss(_Table(), jnp.asarray([1.0, 3.0]), jnp.zeros((3, 1)),
+                                      jnp.asarray([0, 1, 1]), jnp.asarray([2.0, 1.0, 7.0]),
+                                      jnp.asarray([1.0, 1.0, 0.0]))
+    np.testing.assert_allclose(loss, (0.5 * 1 + 0.5 * 4) / 2)  # the third is masked
+    np.testing.assert_allclose(q_mean, 7.0 / 3)
+
+
+def test_pqn_is_registered_and_passes_the_conformance_check():
+    from experiments.conformance import check_agent
+
+    assert "pqn" in agents.registered()
+    config = pqn.default_config()
+    config.hidden_sizes = (16,)
+    report = check_agent("pqn", config=config)
+    assert report.passed, report
+    assert report.num_devices == 2
