@@ -280,7 +280,8 @@ def test_actor_step_searches_and_returns_a_policy(search):
     np.testing.assert_allclose(extras["policy"].sum(-1), 1.0, rtol=1e-5)
     greedy, _, extras = agent.actor_step(params, (), timestep, jax.random.PRNGKey(1),
                                          evaluation=True)
-    np.testing.assert_array_equal(greedy, jnp.argmax(extras["policy"], -1))
+    if search == "muzero":  # PUCT evaluates by the most visited action (Gumbel's: its tests)
+        np.testing.assert_array_equal(greedy, jnp.argmax(extras["policy"], -1))
 
 
 def test_acting_temperature_follows_the_muzero_papers_schedule():
@@ -848,9 +849,12 @@ def test_frame_stacks_rebuilt_exactly_on_a_real_atari_stream_with_episodic_life(
     np.testing.assert_array_equal(np.asarray(rebuilt), observation[:n, 0])
 
 
-@pytest.mark.parametrize("reanalyse_value", ["target_network", "root"])
-def test_reanalyse_moves_policy_targets_to_the_target_networks_search(reanalyse_value):
+@pytest.mark.parametrize("reanalyse_value,search", [("target_network", "muzero"),
+                                                    ("root", "muzero"),
+                                                    ("target_network", "gumbel")])
+def test_reanalyse_moves_policy_targets_to_the_target_networks_search(reanalyse_value, search):
     config = muzero.default_config()
+    config.search = search
     config.unroll_steps, config.td_steps, config.rollout_length = 1, 1, 3
     config.replay_capacity, config.reanalyse_fraction, config.num_simulations = 12, 1.0, 8
     config.reanalyse_value = reanalyse_value
@@ -878,7 +882,7 @@ def test_reanalyse_moves_policy_targets_to_the_target_networks_search(reanalyse_
     key = jax.random.PRNGKey(3)
     targets = muzero.batch_targets(network, params, sample.windows, key,
                                    muzero.learn_config(config), history=history)
-    # Reference: mctx's PUCT search with the target network at o_tau, o_tau+1 (the policy
+    # Reference: mctx's PUCT (or Gumbel) search with the target network at o_tau, o_tau+1 (the policy
     # targets) and, for root values, the bootstrap observations o_tau+1, o_tau+2 (n = 1), in
     # one batch.
     where = jnp.array([0, 1, 1, 2] if reanalyse_value == "root" else [0, 1])
@@ -887,11 +891,15 @@ def test_reanalyse_moves_policy_targets_to_the_target_networks_search(reanalyse_
     prior, value_logits = network.apply(params, latent, method="predict")
     root = mctx.RootFnOutput(prior_logits=prior, embedding=latent, value=muzero.probs_to_scalar(
         jax.nn.softmax(value_logits), config.support_size))
-    out = mctx.muzero_policy(
-        params, key, root, muzero.make_recurrent_fn(network, config.support_size,
-                                                    config.discount),
-        num_simulations=8, dirichlet_fraction=config.dirichlet_fraction,
-        dirichlet_alpha=config.dirichlet_alpha, temperature=config.temperature)
+    recurrent_fn = muzero.make_recurrent_fn(network, config.support_size, config.discount)
+    if search == "gumbel":  # the improved policy of a search with acting's Gumbel noise
+        out = mctx.gumbel_muzero_policy(params, key, root, recurrent_fn, num_simulations=8,
+                                        max_num_considered_actions=16, gumbel_scale=1.0)
+    else:
+        out = mctx.muzero_policy(
+            params, key, root, recurrent_fn, num_simulations=8,
+            dirichlet_fraction=config.dirichlet_fraction,
+            dirichlet_alpha=config.dirichlet_alpha, temperature=config.temperature)
     searched = np.asarray(out.action_weights).reshape(4, len(where), 3)
     np.testing.assert_allclose(np.asarray(targets.policy), searched[:, :2], rtol=1e-5)
     # 8 simulations over 3 actions never all go to action 0: the targets moved.

@@ -238,7 +238,7 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
 
     return Agent(
         init=init,
-        actor_step=muzero.make_actor_step(search),
+        actor_step=muzero.make_actor_step(search, kind=config.search),
         learner_step=learner_step,
         init_actor_state=lambda batch_size: (),
         actor_params=actor_params,

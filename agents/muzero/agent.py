@@ -26,7 +26,7 @@ from agents.hparams import replace_hparams
 from agents.muzero import learning
 from agents.muzero.learning import LearnConfig, LearnerState
 from agents.muzero.networks import KINDS, MuZeroNetwork, chosen_fields, make_network
-from agents.muzero.search import Q_TRANSFORMS, UNVISITED_Q, SearchConfig, run_search
+from agents.muzero.search import Q_TRANSFORMS, SEARCHES, UNVISITED_Q, SearchConfig, run_search
 from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
 from podracer import replay_loop
@@ -49,9 +49,11 @@ METRIC_NAMES = ("loss", "value_loss", "policy_loss", "reward_loss", "grad_norm",
 # did before the field existed (registered as `introduced`): checkpoints made without the field
 # resume at that value. Each value was read off the diff that added the field: None bins are
 # the old 2S + 1; without the terminal head the loss adds 0 and the search's discount is
-# unchanged; a gradient share of 1 is the full gradient; rewards times 1.0 are unchanged.
+# unchanged; a gradient share of 1 is the full gradient; rewards times 1.0 are unchanged;
+# the Gumbel search passed mctx's defaults of its Q transform.
 INTRODUCED = MappingProxyType({"support_bins": None, "terminal_head": False,
-                               "terminal_head_gradient": 1.0, "reward_scale": 1.0})
+                               "terminal_head_gradient": 1.0, "reward_scale": 1.0,
+                               "gumbel_value_scale": 0.1, "gumbel_maxvisit_init": 50.0})
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -92,8 +94,12 @@ def default_config() -> ml_collections.ConfigDict:
     # "parent_mean" (EfficientZero: the mean Q of the parent's visited children and its
     # parent's, normalised like the others).
     c.unvisited_q = "parent_mean"
-    c.max_num_considered_actions = 16  # Gumbel search
+    c.max_num_considered_actions = 16  # Gumbel search: m, the actions sampled at the root
     c.gumbel_scale = 1.0  # Gumbel search, acting (evaluation uses 0)
+    # Gumbel search's sigma(q) = (gumbel_maxvisit_init + max_b N(b)) gumbel_value_scale q on
+    # min-max normalised completed Q (the paper's c_visit and c_scale; mctx's defaults).
+    c.gumbel_value_scale = 0.1
+    c.gumbel_maxvisit_init = 50.0
     # Learning.
     c.discount = 0.97  # gamma per agent step
     c.unroll_steps = 5  # K: model steps unrolled from each sampled position
@@ -227,7 +233,8 @@ def search_config(config: ml_collections.ConfigDict) -> SearchConfig:
         temperature=config.temperature, q_transform=config.q_transform,
         unvisited_q=config.unvisited_q,
         max_num_considered_actions=config.max_num_considered_actions,
-        gumbel_scale=config.gumbel_scale)
+        gumbel_scale=config.gumbel_scale, gumbel_value_scale=float(config.gumbel_value_scale),
+        gumbel_maxvisit_init=float(config.gumbel_maxvisit_init))
 
 
 def learn_config(config: ml_collections.ConfigDict) -> LearnConfig:
@@ -266,14 +273,20 @@ def make_actor_params(config: ml_collections.ConfigDict) -> Callable[[LearnerSta
                           "temperature": temperature_at(state.updates, **schedule)}
 
 
-def make_actor_step(search):
+def make_actor_step(search, *, kind: str = "muzero"):
     """`Agent.actor_step` of a searching agent: `search(params, observation, key, evaluation)`
-    -> `mctx.PolicyOutput`; acts by the search's sampled action (its most visited one when
-    evaluating) and ships the search policy as the policy target."""
+    -> `mctx.PolicyOutput` of the search `kind` (`SearchConfig.search`); ships the search's
+    `action_weights` as the policy target and acts by the search's action: PUCT's is sampled
+    from the visit counts (its most visited one when evaluating); Gumbel's is the one
+    Sequential Halving keeps, the argmax of g + logits + sigma(q) over the most visited
+    actions (with g = 0 when evaluating, as the search then draws no Gumbel noise), which
+    the argmax of `action_weights` is not: that one ranges over every action, unvisited ones
+    included."""
 
     def actor_step(params, actor_state, timestep: TimeStep, key: PRNGKey, *, evaluation=False):
         out = search(params, timestep.observation, key, evaluation)
-        action = jnp.argmax(out.action_weights, -1) if evaluation else out.action
+        most_visited = evaluation and kind != "gumbel"
+        action = jnp.argmax(out.action_weights, -1) if most_visited else out.action
         return action.astype(jnp.int32), actor_state, {"policy": out.action_weights}
 
     return actor_step
@@ -308,7 +321,8 @@ def check_choices(config: ml_collections.ConfigDict, choices: dict[str, tuple]) 
 
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first MuZero choice field with an unknown value."""
-    check_choices(config, {"network": ("auto", *KINDS), "q_transform": Q_TRANSFORMS,
+    check_choices(config, {"network": ("auto", *KINDS), "search": SEARCHES,
+                           "q_transform": Q_TRANSFORMS,
                            "unvisited_q": UNVISITED_Q, "past_end_targets": PAST_END_TARGETS,
                            "reanalyse_value": ("target_network", "root"),
                            "store_frames_once": ("auto", "on", "off")})
@@ -356,7 +370,7 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
     search = lambda params, observation, key, evaluation: run_search(
         network, params["network"], observation, key, search_settings, evaluation=evaluation,
         temperature=params["temperature"])
-    actor_step = make_actor_step(search)
+    actor_step = make_actor_step(search, kind=config.search)
     init = lambda key, spec=env_spec: init_learner_state(
         network, optimizer, replay, example_step, loss_hparams, key, spec)
 

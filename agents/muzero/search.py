@@ -34,6 +34,8 @@ class SearchConfig:
     unvisited_q: str  # PUCT: "min" | "parent_mean"
     max_num_considered_actions: int  # Gumbel
     gumbel_scale: float  # Gumbel, acting (evaluation uses 0)
+    gumbel_value_scale: float = 0.1  # Gumbel: c_scale of sigma(q)
+    gumbel_maxvisit_init: float = 50.0  # Gumbel: c_visit of sigma(q)
 
 
 def value_to_scalar(logits: Array, support_size: int) -> Array:
@@ -95,6 +97,7 @@ def run_search(network: MuZeroNetwork, params: Params, observation: Array, key: 
                        temperature=temperature)
 
 
+SEARCHES = ("muzero", "gumbel")
 Q_TRANSFORMS = ("parent_and_siblings", "tree_min_max")
 UNVISITED_Q = ("min", "parent_mean")
 TREE_MIN_MAX_FLOOR = 0.01  # EfficientZero's `value_delta_max`
@@ -180,13 +183,20 @@ def search_with(root: mctx.RootFnOutput, recurrent_fn, params: Params, key: PRNG
     agent's: MuZero's, or EfficientZero's with its value prefix); see `run_search`. PUCT's
     value term is `qtransform` with `search_config.q_transform` and `.unvisited_q`;
     `temperature` (possibly traced; None: `search_config.temperature`) is the acting
-    temperature of the visit counts."""
+    temperature of the visit counts. Gumbel's Q transform is mctx's
+    `qtransform_completed_by_mix_value`: the mixed value completes unvisited children and Q
+    is min-max normalised over the node's completed Q (so the scale of rewards does not
+    change sigma), at `search_config.gumbel_value_scale` and `.gumbel_maxvisit_init`."""
     if search_config.search == "gumbel":
         return mctx.gumbel_muzero_policy(
             params, key, root, recurrent_fn,
             num_simulations=search_config.num_simulations,
             max_num_considered_actions=search_config.max_num_considered_actions,
             gumbel_scale=0.0 if evaluation else search_config.gumbel_scale,
+            qtransform=functools.partial(
+                mctx.qtransform_completed_by_mix_value,
+                value_scale=search_config.gumbel_value_scale,
+                maxvisit_init=search_config.gumbel_maxvisit_init),
         )
     return mctx.muzero_policy(
         params, key, root, recurrent_fn,
