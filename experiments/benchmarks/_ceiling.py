@@ -4,9 +4,12 @@ the timing helpers the benchmarks share."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
+import anakin
 from podracer import replication
 
 
@@ -70,3 +73,17 @@ def env_ceiling_seconds(env, mesh, *, envs_per_device: int, rollout_length: int,
     env_state = replication.replicate(env_init, mesh)(keys)
     env_fn = replication.replicate(env_chunk, mesh, donate_argnums=0)
     return best_time(env_fn, env_state, repeats)
+
+
+def anakin_replay_chunk(agent, env, config) -> tuple[Callable, Any, int]:
+    """A replay agent's Anakin chunk on one device, compiled and run once (which fills its
+    replay past the warm-up): (the jitted chunk, the state after that first call, the env
+    steps one call makes)."""
+    n = config.num_envs
+    init, chunk = anakin.make_programs(agent, env, envs_per_device=n,
+                                       rollout_length=config.rollout_length,
+                                       updates_per_chunk=config.updates_per_chunk, axis_name=None)
+    state = jax.jit(init)(jax.random.PRNGKey(0), jax.random.PRNGKey(1))
+    chunk = jax.jit(chunk)
+    state, _ = chunk(state)
+    return chunk, state, config.updates_per_chunk * config.rollout_length * n

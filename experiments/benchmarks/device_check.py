@@ -43,7 +43,12 @@ import agents
 import anakin
 import envs_jax
 from agents import muzero
-from experiments.benchmarks._ceiling import best_call_time, best_time, env_ceiling_seconds
+from experiments.benchmarks._ceiling import (
+    anakin_replay_chunk,
+    best_call_time,
+    best_time,
+    env_ceiling_seconds,
+)
 from experiments.configs import muzero_catch, sebulba_vtrace_atari, vtrace_catch
 from podracer import machine as machine_lib
 from podracer import replication
@@ -176,14 +181,8 @@ def muzero_learner(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
     spec = env.spec()
     agent = agents.make(config.agent, spec)
     n = config.num_envs
-    init, chunk = anakin.make_programs(agent, env, envs_per_device=n,
-                                       rollout_length=config.rollout_length,
-                                       updates_per_chunk=config.updates_per_chunk, axis_name=None)
-    state = jax.jit(init)(jax.random.PRNGKey(0), jax.random.PRNGKey(1))
-    chunk = jax.jit(chunk)
-    state, _ = chunk(state)  # compiles, and fills the replay past min_replay_items
+    chunk, state, steps = anakin_replay_chunk(agent, env, config)
     seconds = best_time(chunk, state, repeats)
-    steps = config.updates_per_chunk * config.rollout_length * n
     rows = [_row("muzero_learner", f"MuZero-Anakin on Catch ({n} envs, "
                  f"{config.agent.num_simulations} simulations)", steps / seconds,
                  "env steps/s")]

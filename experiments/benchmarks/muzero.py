@@ -27,10 +27,9 @@ import jax.numpy as jnp
 from absl import app, flags
 
 import agents
-import anakin
 import envs_jax
 from agents import muzero
-from experiments.benchmarks._ceiling import best_call_time
+from experiments.benchmarks._ceiling import anakin_replay_chunk, best_call_time
 from experiments.configs import muzero_catch
 
 _ROOTS = flags.DEFINE_integer("roots", 256, "Batch of search roots.")
@@ -100,13 +99,7 @@ def main(argv):
     # ANAKIN
     agent = agents.make(config.agent, spec)
     n = config.num_envs
-    init, chunk = anakin.make_programs(agent, env, envs_per_device=n,
-                                       rollout_length=config.rollout_length,
-                                       updates_per_chunk=config.updates_per_chunk, axis_name=None)
-    state = jax.jit(init)(jax.random.PRNGKey(0), jax.random.PRNGKey(1))
-    chunk = jax.jit(chunk)
-    state, _ = chunk(state)  # compile, and fill the replay past min_replay_items
-    steps = config.updates_per_chunk * config.rollout_length * n
+    chunk, state, steps = anakin_replay_chunk(agent, env, config)
     best = float("inf")
     for _ in range(_REPEATS.value):
         start = time.perf_counter()
