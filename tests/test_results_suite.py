@@ -107,3 +107,45 @@ def test_sigterm_stops_the_suite_and_resume_finishes_the_pair(tmp_path, monkeypa
     rows = {r["env"]: r for r in results["pairs"]}
     assert rows["catch"]["env_steps"] == rows["CartPole-v1"]["env_steps"] == steps
     assert [r["updates"] for r in plot.load_runs(catch)[0].records] == [1, 2, 3, 4]
+
+
+def test_value_agents_take_their_cartpole_configs_settings_with_epsilon_scaled_to_the_run():
+    from experiments.configs import dqn_cartpole, pqn_cartpole
+    assert suite.budget("dqn", "gymnax:Breakout-MinAtar") == 10_000_000  # model-free
+    assert suite.budget("pqn", "gymnax:Breakout-MinAtar") == 10_000_000
+    for agent, module, anneal in (
+            # dqn_cartpole: 2,500 of 500K // 64 = 7,812 learner steps (160K env steps, 32%);
+            # 1M // 64 = 15,625 learner steps, 32% of them: 5,000 (320K env steps).
+            ("dqn", dqn_cartpole, 5_000),
+            # pqn_cartpole: 50 of 500K // 2,048 = 244 learner steps (20.5%); 1M // 2,048 =
+            # 488, 20.5% of them: 100.
+            ("pqn", pqn_cartpole, 100)):
+        shipped = module.get_config()
+        config = suite.pair_config(agent, "Acrobot-v1", (0, 1, 2), 1_000_000)
+        for field in ("num_devices", "num_envs", "rollout_length"):
+            assert config[field] == shipped[field], (agent, field)
+        expected = shipped.agent.to_dict()
+        expected["epsilon_anneal_steps"] = anneal
+        assert config.agent.to_dict() == expected
+        assert config.env.name == "Acrobot-v1" and config.total_env_steps == 1_000_000
+        assert config.eval_every_updates == 0  # as every pair: training returns only
+    dqn = suite.pair_config("dqn", "catch", (0,), 1_000_000).agent
+    assert dqn.layer_norm and dqn.target_update_interval == 100 and dqn.replay_ratio == 2
+
+
+def test_tiny_run_of_each_value_agent(tmp_path):
+    out = str(tmp_path / "results")
+    # Two of PQN's learner steps (32 envs x T = 64); 64 of DQN's (8 x 8), past its warm-up of
+    # 1,000 stored positions after 16.
+    steps = 2 * 32 * 64
+    results = suite.run_suite(out, ["dqn", "pqn"], ["catch"], [0, 1], steps=steps)
+    for row in results["pairs"]:
+        assert row["budget"] == steps and row["env_steps"] >= steps, row["agent"]
+        end = row["points"][-1]
+        assert len(end["seeds"]) == 2 and -1.0 <= end["min"] <= end["max"] <= 1.0
+        runs = plot.load_runs(os.path.join(out, "runs", row["agent"], "catch"))
+        last = runs[0].records[-1]
+        assert last["loss"] > 0, row["agent"]  # it made updates
+    with open(os.path.join(out, "results.md")) as f:
+        table = f.read()
+    assert "| dqn | catch | 4.096K |" in table and "| pqn | catch | 4.096K |" in table

@@ -1,19 +1,23 @@
 """Results suite: each agent's *default* config on each standard environment it can act in.
 
     python -m experiments.benchmarks.suite --out_dir=/tmp/results \
-        [--agents=vtrace,ppo,muzero,efficientzero] [--envs=catch,CartPole-v1,...] \
+        [--agents=vtrace,ppo,muzero,efficientzero,dqn,pqn] [--envs=catch,CartPole-v1,...] \
         [--seeds=0,1,2] [--steps=0] [--minatar_steps=0]
 
 Every (agent, environment) pair is one Anakin run of `anakin.default_config()` with
 `config.agent = agents.default_config(agent)` and only `env.name`, the budget and the seeds
-set: nothing is tuned per environment. The seeds run as one vmapped sweep (one compiled
+set: nothing is tuned per environment. The value-based agents (`dqn`, `pqn`; `SHIPPED`) run
+instead with the runner's and the agent's settings of their shipped CartPole config (for DQN
+8 environments x T = 8 into one replay, 2 updates per step, LayerNorm and a target copy
+every 100 updates; for PQN 32 x 64 and 16 minibatches), their epsilon annealed over the
+same fraction of the run as there, whatever the budget. The seeds run as one vmapped sweep (one compiled
 program, `config.sweep.seeds`). A pair whose action space the agent cannot act in
 (a discrete-action agent on Pendulum) is skipped and listed as such.
 
 Budgets (environment steps per seed), unless `--steps` sets one for every pair:
   classic control and Catch: 1M;
-  MinAtar (gymnax): 10M for the actor-critic agents (V-trace, PPO), 1M for MuZero and
-  EfficientZero (`--minatar_steps` overrides both).
+  MinAtar (gymnax): 10M for the model-free agents (V-trace, PPO, DQN, PQN), 1M for MuZero
+  and EfficientZero (`--minatar_steps` overrides both).
 
 Written to `--out_dir`: `results.md` (the table: mean and min-max over seeds of the mean training
 episode return at a quarter and half of the budget and at the end (a run ends at the first
@@ -27,6 +31,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -48,12 +53,19 @@ from podracer.types import DiscreteSpec
 CLASSIC = ("catch", "CartPole-v1", "Acrobot-v1", "Pendulum-v1")
 MINATAR = tuple(f"gymnax:{game}-MinAtar"
                 for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"))
-ACTOR_CRITIC = ("vtrace", "ppo")
+MODEL_FREE = ("vtrace", "ppo", "dqn", "pqn")  # 10M steps on MinAtar
+# Agents run with their shipped config's runner and agent settings (see `pair_config`).
+SHIPPED = {"dqn": "experiments.configs.dqn_cartpole", "pqn": "experiments.configs.pqn_cartpole"}
+# The runner's fields taken from a shipped config: how many environments feed each learner
+# step (for a replay agent, its replay ratio) and how many learner steps each compiled call
+# makes.
+SHIPPED_RUNNER_FIELDS = ("num_devices", "num_envs", "rollout_length", "updates_per_chunk")
 FRACTIONS = (0.25, 0.5, 1.0)  # of the budget, where the table reads the returns
 RECORDS = 20  # records (chunks) per run, about: the curves' resolution
 
-_AGENTS = flags.DEFINE_list("agents", ["vtrace", "ppo", "muzero", "efficientzero"],
-                            "Registered agents to run, each with its default config.")
+_AGENTS = flags.DEFINE_list("agents", ["vtrace", "ppo", "muzero", "efficientzero", "dqn", "pqn"],
+                            "Registered agents to run, each with its default config (or, in "
+                            "SHIPPED, its shipped config's settings).")
 _ENVS = flags.DEFINE_list("envs", list(CLASSIC + MINATAR), "envs_jax environments.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds, run as one vmapped sweep.")
 _STEPS = flags.DEFINE_integer("steps", 0, "Environment steps per seed for every pair; 0 = the "
@@ -72,7 +84,7 @@ def budget(agent: str, env: str, *, steps: int = 0, minatar_steps: int = 0) -> i
     if env in MINATAR:
         if minatar_steps:
             return minatar_steps
-        return 10_000_000 if agent in ACTOR_CRITIC else 1_000_000
+        return 10_000_000 if agent in MODEL_FREE else 1_000_000
     return 1_000_000
 
 
@@ -86,12 +98,24 @@ def can_act(agent: str, env: str) -> bool:
 def pair_config(agent: str, env: str, seeds: Sequence[int], total_env_steps: int):
     """The run of one pair: the runner's and the agent's defaults, and nothing else but the
     environment, the budget and the seeds (and the chunk length, which sets only how often
-    the run logs: about `RECORDS` records per run)."""
+    the run logs: about `RECORDS` records per run). An agent in `SHIPPED` takes its shipped
+    config's agent settings and runner fields (`SHIPPED_RUNNER_FIELDS`) instead of the
+    defaults, its epsilon annealed over the same fraction of the run as in that config."""
     config = anakin.default_config()
     config.agent = agents.default_config(agent)
+    if agent in SHIPPED:
+        shipped = importlib.import_module(SHIPPED[agent]).get_config()
+        for field in SHIPPED_RUNNER_FIELDS:
+            config[field] = shipped[field]
+        config.agent = shipped.agent
     config.env.name = env
     config.total_env_steps = total_env_steps
     updates = total_env_steps // (config.num_envs * config.rollout_length)
+    if agent in SHIPPED:
+        # The schedule counts learner steps: keep its share of the run, not its length.
+        shipped_updates = shipped.total_env_steps // (config.num_envs * config.rollout_length)
+        fraction = shipped.agent.epsilon_anneal_steps / shipped_updates
+        config.agent.epsilon_anneal_steps = max(1, round(fraction * updates))
     config.updates_per_chunk = max(1, min(config.updates_per_chunk, updates // RECORDS))
     config.sweep.seeds = tuple(seeds)
     return config
