@@ -47,7 +47,7 @@ def test_shipped_configs_are_valid():
     ({"policy_lag": -1}, "policy_lag", [">= 0"]),
     ({"queue_size": 0}, "queue_size", ["positive"]),
     ({"rollout_length": 0}, "rollout_length", ["positive"]),
-    ({"agent.name": "dqn"}, "agent.name", ["vtrace"]),
+    ({"agent.name": "ddqn_nstep"}, "agent.name", ["vtrace"]),
     # Checkpoints and evaluation.
     ({"checkpoint_every_updates": -1}, "checkpoint_every_updates", [">= 0", "-1"]),
     ({"checkpoint_keep": 0}, "checkpoint_keep", [">= 1"]),

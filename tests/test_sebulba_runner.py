@@ -185,11 +185,11 @@ def test_learns_cartpole():
     config.total_env_steps = 500_000
     config.log_every_updates = 10
     result = sebulba.train(config)
-    steps_per_update = config.envs_per_actor_thread * config.rollout_length
     late = [r for r in result.history if r["env_steps"] > 400_000 and r["episodes"]]
     returns = sum(r["episode_return"] * r["episodes"] for r in late)
     episodes = sum(r["episodes"] for r in late)
-    assert result.history[-1]["updates"] * steps_per_update >= 500_000
+    # 32 environments (derived from this machine, or set by the config) x T = 32 per update.
+    assert result.history[-1]["env_steps"] >= 500_000
     assert returns / episodes >= 100, [round(r["episode_return"]) for r in result.history]
 
 
