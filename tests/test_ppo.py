@@ -3,6 +3,8 @@ ratio is 1 at the first minibatch (on-policy by construction), advantage statist
 learner step are those of the global batch on 1 and 8 devices, hyperparameters sweep in one
 program, and bad configs fail naming the field."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -144,6 +146,28 @@ def test_ratio_is_one_at_the_first_minibatch_on_the_actors_own_data(off_policy):
 # Sweeps and configs.
 
 
+def test_the_flat_optimizer_makes_the_per_array_update():
+    # optax's clipping and Adam applied array by array are the reference: stepping all the
+    # parameters as one vector must give the same learner step, to float rounding (the global
+    # norm sums the squares in another order). A large step size makes the clipping bind.
+    trajectory = _trajectory()
+    params = {}
+    for flat in (True, False):
+        config = ppo.default_config()
+        config.flat_optimizer = flat
+        config.learning_rate = 1e-2
+        agent = agents.make(config, SPEC)
+        state = agent.init(jax.random.PRNGKey(0))
+        step = jax.jit(functools.partial(agent.learner_step, axis_name=None))
+        new, metrics = step(state, trajectory, jax.random.PRNGKey(1))
+        assert float(metrics["grad_norm"]) > config.max_grad_norm  # clipped
+        params[flat] = new.params
+        moved = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), new.params, state.params)
+        assert min(jax.tree.leaves(moved)) > 0, moved
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 params[True], params[False])
+
+
 def test_learning_rate_is_swept_in_one_program():
     config = ppo_cartpole.get_config()
     config.num_devices = 1
@@ -160,6 +184,7 @@ def test_learning_rate_is_swept_in_one_program():
     ({"agent.num_minibatches": 3}, "agent.num_minibatches"),  # 3 does not divide 4 x 128
     ({"agent.off_policy": "vtrace"}, "agent.off_policy"),
     ({"agent.activation": "gelu"}, "agent.activation"),
+    ({"agent.flat_optimizer": None}, "agent.flat_optimizer"),
 ])
 def test_bad_ppo_config_fails_naming_the_field(overrides, field):
     config = ppo_cartpole.get_config()

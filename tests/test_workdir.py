@@ -272,6 +272,31 @@ def test_a_vtrace_workdir_from_before_popart_average_first_resumes_as_it_ran(fin
     assert [r["updates"] for r in read_records(workdir)] == [5, 10, 15, 20, 25]
 
 
+def test_a_ppo_workdir_from_before_flat_optimizer_resumes_with_its_optimizer(tmp_path):
+    # Made as the per-array optimizer made it: its Adam moments are one array per parameter,
+    # which the flat optimizer's state (one vector) cannot take.
+    workdir = str(tmp_path / "ppo")
+
+    def config(flat=None, **overrides):
+        c = _config(**overrides)
+        c.agent = agents.default_config("ppo")
+        if flat is not None:
+            c.agent.flat_optimizer = flat
+        return c
+
+    anakin.train(config(False, total_env_steps=2 * STEPS_PER_CHUNK), workdir)
+    strip_agent_field(workdir, "flat_optimizer")
+    before = snapshot(workdir)
+    with pytest.raises(workdir_lib.ResumeError) as info:
+        anakin.train(config(), workdir)
+    assert info.value.fields == ["agent.flat_optimizer"]
+    assert "pass --config.agent.flat_optimizer=False" in str(info.value)
+    assert snapshot(workdir) == before
+    result = anakin.train(config(False), workdir)
+    assert result.resumed_from_updates == 10
+    assert [r["updates"] for r in read_records(workdir)] == [5, 10, 15, 20]
+
+
 def test_only_a_damaged_checkpoint_is_set_aside(finished, tmp_path):
     workdir = _copy(finished[0], tmp_path)
     garble_arrays(os.path.join(workdir, "checkpoints", "20"))

@@ -73,6 +73,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.learning_rate = 2.5e-4  # Adam step size at the start
     c.adam_eps = 1e-5  # Adam's epsilon
     c.max_grad_norm = 0.5  # each minibatch gradient is clipped to this global norm
+    # True: the optimiser steps every parameter as one vector (`optax.flatten`), the same
+    # update in a handful of kernels rather than a few per parameter array; False: per array
+    c.flat_optimizer = True
     # Learner steps over which the step size falls linearly to 0 (constant within a step);
     # 0 = constant. Configs tie it to the run length with field references.
     c.anneal_lr_updates = 0
@@ -107,7 +110,9 @@ def default_config() -> ml_collections.ConfigDict:
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
     """Global-norm clipping then Adam, the step size annealed linearly to 0 over
     `anneal_lr_updates` learner steps (of num_epochs x num_minibatches optimiser steps each),
-    with learning rate, epsilon and clipping norm held in the optimiser state."""
+    with learning rate, epsilon and clipping norm held in the optimiser state; over the
+    parameters raveled into one vector when `flat_optimizer` (the same maths: Adam is
+    elementwise, and the clipping norm is the norm of that vector)."""
     steps_per_update = config.num_epochs * config.num_minibatches
     anneal = int(config.anneal_lr_updates)
 
@@ -118,12 +123,13 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
         return jnp.clip(1.0 - done / anneal, 0.0, 1.0)
 
     def clipped_adam(learning_rate, adam_eps, max_grad_norm):
-        return optax.chain(
+        chain = optax.chain(
             optax.clip_by_global_norm(max_grad_norm),
             optax.scale_by_adam(eps=adam_eps),
             optax.scale_by_schedule(fraction),
             optax.scale_by_learning_rate(learning_rate),
         )
+        return optax.flatten(chain) if config.flat_optimizer else chain
 
     return optax.inject_hyperparams(clipped_adam)(
         **{name: float(config[name]) for name in OPTIMIZER_HPARAMS})
@@ -157,6 +163,9 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"agent.{field}", f"must be a whole number >= 1, got "
                               f"{config[field]!r}", f"set --config.agent.{field}=4")
     popart.check_config(config)
+    if not isinstance(config.flat_optimizer, bool):
+        raise ConfigError("agent.flat_optimizer", f"must be True or False, got "
+                          f"{config.flat_optimizer!r}", "set --config.agent.flat_optimizer=True")
     if config.anneal_lr_updates < 0:
         raise ConfigError("agent.anneal_lr_updates", f"must be >= 0, got "
                           f"{config.anneal_lr_updates}", "use 0 for a constant step size")
@@ -175,7 +184,7 @@ def learn_config(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> learni
 
 # Fields added after runs were made without them, each with the value under which the agent
 # behaves as before (registered as `introduced`).
-INTRODUCED = MappingProxyType({"popart_average_first": False})
+INTRODUCED = MappingProxyType({"popart_average_first": False, "flat_optimizer": False})
 
 
 def choices(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:

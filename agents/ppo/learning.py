@@ -20,6 +20,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import optax
 
@@ -186,7 +187,7 @@ def optimise(network: nn.Module, optimizer: optax.GradientTransformation, learn:
         grads, metrics = jax.grad(loss_fn, has_aux=True)(params, mb, hparams)
         if axis_name is not None:
             grads = jax.lax.pmean(grads, axis_name)
-        metrics["grad_norm"] = optax.tree.norm(grads)
+        metrics["grad_norm"] = jnp.linalg.norm(jax.flatten_util.ravel_pytree(grads)[0])
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), metrics
 
