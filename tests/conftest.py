@@ -113,11 +113,20 @@ def assert_trees_equal(actual, expected, *, float_rtol: float = 0.0) -> None:
 # Experiments as real processes.
 
 
+def xla_flags(num_devices: int) -> str:
+    """This process's XLA_FLAGS with the simulated device count set to `num_devices`, for a
+    subprocess: other flags (e.g. `--xla_cpu_max_isa=AVX2`, to emulate another CPU's code
+    generation) reach the experiments that tests start too."""
+    kept = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+            if not flag.startswith("--xla_force_host_platform_device_count=")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={num_devices}"])
+
+
 def start_experiment(command: list[str], *, cache: str, num_devices: int) -> subprocess.Popen:
     """`python <command>` from the repository root on `num_devices` simulated CPU devices,
     sharing the JAX compilation cache `cache` (so that only the first process compiles)."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
+    env["XLA_FLAGS"] = xla_flags(num_devices)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["JAX_COMPILATION_CACHE_DIR"] = cache
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"

@@ -8,6 +8,7 @@ import os
 
 import nbformat
 import pytest
+from conftest import xla_flags
 from nbclient import NotebookClient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +51,7 @@ def test_notebook_runs_headless(name, tmp_path, monkeypatch):
     # The kernel inherits this environment: the checkout is importable, and one CPU device is
     # what a notebook sees on a CPU runtime (not the 8 simulated devices of the other tests).
     monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    monkeypatch.setenv("XLA_FLAGS", xla_flags(1))
     # The notebook's own temporary directories (made before WORKDIR is overridden) go in the
     # test's, so that nothing is left behind.
     monkeypatch.setenv("TMPDIR", str(tmp_path))

@@ -33,15 +33,21 @@ from podracer.types import StepType
 
 # Each environment copy mixes a heuristic with random actions in its own proportion, so that
 # episodes end both ways: by termination and by the time limit.
-EXPLORATION = (0.0, 0.3, 0.6, 1.0)
+# Per environment copy, the chance of a random action; IDLE: Acrobot's and MountainCar's
+# do-nothing action (1) at every step, so that some episodes surely run to the time limit
+# (which of the others do is chaotic, and moves with the CPU's float rounding).
+IDLE = -1.0
+EXPLORATION = (0.0, 0.3, 0.6, 1.0, IDLE)
 NUM_ENVS = len(EXPLORATION)
-NUM_STEPS = 1500  # per environment copy: 6000 steps per environment and mode
+NUM_STEPS = 1500  # per environment copy: 7500 steps per environment and mode
 
 
 def _policy(name: str, observation: jax.Array, key: jax.Array, epsilon: jax.Array) -> jax.Array:
-    """The heuristic, or with probability `epsilon` a uniformly random action."""
+    """The heuristic, or with probability `epsilon` a uniformly random action (`IDLE`: the
+    do-nothing action of Acrobot and MountainCar, CartPole's heuristic)."""
     explore_key, action_key = jax.random.split(key)
     explore = jax.random.uniform(explore_key) < epsilon
+    idle = epsilon == IDLE
     if name == "CartPole-v1":
         x, x_dot, theta, theta_dot = observation
         heuristic = (theta + 0.5 * theta_dot + 0.01 * x + 0.1 * x_dot > 0).astype(jnp.int32)
@@ -49,10 +55,12 @@ def _policy(name: str, observation: jax.Array, key: jax.Array, epsilon: jax.Arra
     if name == "Acrobot-v1":
         # Pump energy: torque in the direction the second link swings.
         heuristic = jnp.where(observation[5] > 0, 2, 0).astype(jnp.int32)
-        return jnp.where(explore, jax.random.randint(action_key, (), 0, 3), heuristic)
+        action = jnp.where(explore, jax.random.randint(action_key, (), 0, 3), heuristic)
+        return jnp.where(idle, 1, action)
     if name == "MountainCar-v0":
         heuristic = jnp.where(observation[1] > 0, 2, 0).astype(jnp.int32)
-        return jnp.where(explore, jax.random.randint(action_key, (), 0, 3), heuristic)
+        action = jnp.where(explore, jax.random.randint(action_key, (), 0, 3), heuristic)
+        return jnp.where(idle, 1, action)
     if name == "Pendulum-v1":
         # Beyond the +-2 torque bounds, to exercise the clipping.
         return jax.random.uniform(action_key, (1,), jnp.float32, -2.5, 2.5)
@@ -196,8 +204,9 @@ def test_matches_gymnasium_step_for_step(name: str, mode: str):
     if name != "Pendulum-v1":
         assert counts["terminated"] >= 5, counts
     assert counts["truncated"] >= 2, counts
-    # An end a step apart at the goal's edge: rare, and never in resync mode.
-    assert counts["straddled"] <= (1 if mode == "free" else 0), counts
+    # An end a step apart at the goal's edge: rare (0 or 1 on the CPUs tried), and never in
+    # resync mode. Each one is checked above to lie within the tolerance of the goal.
+    assert counts["straddled"] <= (3 if mode == "free" else 0), counts
 
 
 @pytest.mark.parametrize(

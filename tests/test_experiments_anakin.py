@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+from conftest import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -23,7 +25,7 @@ def test_command_line_run_writes_metrics_and_prints_progress(tmp_path):
         "--config.rollout_length=20",
         "--config.total_env_steps=64000",
         f"--workdir={tmp_path}",
-        env_extra={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+        env_extra={"XLA_FLAGS": xla_flags(2)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -39,7 +41,7 @@ def test_command_line_run_writes_metrics_and_prints_progress(tmp_path):
 def test_bad_flag_value_exits_non_zero_naming_the_field(tmp_path):
     proc = _run("--config=experiments/configs/vtrace_catch.py", "--config.num_envs=7",
                 f"--workdir={tmp_path}",
-                env_extra={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+                env_extra={"XLA_FLAGS": xla_flags(2)})
     assert proc.returncode != 0
     assert "config.num_envs" in proc.stderr and "not divisible" in proc.stderr
     assert not (tmp_path / "metrics.jsonl").exists()

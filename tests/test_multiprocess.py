@@ -23,7 +23,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import checkpoint_steps, flat_arrays, wait_until
+from conftest import checkpoint_steps, flat_arrays, wait_until, xla_flags
 
 import anakin
 from experiments.configs import vtrace_catch
@@ -42,7 +42,7 @@ HEARTBEAT_S = 5  # the tests' detection time; runs default to 20 s
 def _env(process_id=None, num_processes=2, port=None, devices=2) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = xla_flags(devices)
     env[distributed.HEARTBEAT_TIMEOUT] = str(HEARTBEAT_S)
     if process_id is not None:
         env[distributed.COORDINATOR] = f"127.0.0.1:{port}"
@@ -266,7 +266,7 @@ def test_an_uncaught_cpp_exception_after_a_peer_died_names_the_lost_process():
     assert _names_lost_process(err, 1), err[-3000:]
     # Held: the handler it replaced (which prints this and aborts) never ran.
     assert "terminate called" not in err, err[-3000:]
-    assert seconds < HEARTBEAT_S + 10
+    assert seconds < HEARTBEAT_S + 30
 
 
 @pytest.mark.skipif(ctypes.util.find_library("stdc++") is None, reason="needs libstdc++")
@@ -274,7 +274,7 @@ def test_an_uncaught_cpp_exception_with_every_peer_alive_still_aborts():
     status, err, seconds = _terminate_after(kill_peer=False)
     assert status == -signal.SIGABRT, err[-3000:]
     assert "terminate called without an active exception" in err, err[-3000:]
-    assert HEARTBEAT_S <= seconds < HEARTBEAT_S + 10
+    assert HEARTBEAT_S <= seconds < HEARTBEAT_S + 30
 
 
 def test_under_the_launcher_a_killed_process_ends_the_run(tmp_path):

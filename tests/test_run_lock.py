@@ -23,6 +23,7 @@ from conftest import (
     snapshot,
     start_experiment,
     wait_until,
+    xla_flags,
 )
 
 import anakin
@@ -127,7 +128,7 @@ def test_a_multiprocess_run_on_a_held_workdir_stops_in_every_process(tmp_path):
     holder = _hold(workdir)
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    env["XLA_FLAGS"] = xla_flags(2)
     env[distributed.HEARTBEAT_TIMEOUT] = "5"
     try:
         started = time.monotonic()

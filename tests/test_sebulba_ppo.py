@@ -38,7 +38,8 @@ def test_lag_zero_is_on_policy_and_improves():
         # float rounding: the actor's and the learner's forward passes have other batch sizes).
         assert record["first_ratio_deviation"] <= 1e-5, record
     returns = [round(r["episode_return"]) for r in result.history]
-    # A uniformly random policy scores about 22; seed 0 passed 300 by 80K steps (under load).
+    # A uniformly random policy scores about 22; seeds 0 to 3 reached 218, 229, 229 and 233
+    # over the late records, and seed 0 the same with XLA's code generation changed (AVX2).
     assert result.history[0]["episode_return"] < 60, returns
     assert _late_return(result.history, 50) >= 150, returns
 
@@ -60,7 +61,8 @@ def test_lag_one_is_off_policy_and_each_mode_does_what_it_says(off_policy):
         assert all(r["first_ratio_deviation"] <= 1e-5 for r in result.history)
         assert all(r["importance_weight"] < 1.0 for r in later), later
         returns = [round(r["episode_return"]) for r in result.history]
-        assert _late_return(result.history, 50) >= 150, returns
+        # Seeds 0, 1, 2 reached 186, 237 and 217 late.
+        assert _late_return(result.history, 50) >= 120, returns
 
 
 def test_shipped_ppo_configs_are_valid():
