@@ -224,25 +224,16 @@ def test_registered_and_sweepable_over_its_loss_weights():
     assert {"commitment_cost", "chance_cost", "afterstate_value_cost"} <= set(smz.SWEEPABLE)
 
 
-def _learning_config(config):
-    """The shipped Catch settings, shrunk to learn Catch within a test's budget."""
-    agent = config.agent
-    agent.hidden_sizes, agent.latent_size = (64,), 64
-    agent.num_simulations = 8
-    agent.batch_size = 128
-    agent.unroll_steps = 2
-    return config
-
-
 def test_stochastic_muzero_learns_catch_under_anakin():
-    """Plain Catch (no drift): a random policy scores about -0.6; after 24K environment steps
-    the training return is >= 0.3."""
+    """The shipped config on plain Catch (no drift): a random policy scores about -0.6; after
+    32K environment steps the training return is >= 0.5 (0.92 to 0.96 on seeds 0, 1, 2 of a
+    sweep; docs/stochastic_muzero.md)."""
     import anakin
     from experiments.configs import stochastic_muzero_catch
 
-    config = _learning_config(stochastic_muzero_catch.get_config())
+    config = stochastic_muzero_catch.get_config()
     config.env.name = "catch"
-    config.num_devices, config.total_env_steps = 1, 24_000
+    config.num_devices, config.total_env_steps = 1, 32_000
     result = anakin.train(config)
     returns = [h["episode_return"] for h in result.history]
     assert returns[0] < 0.0, returns
@@ -251,11 +242,12 @@ def test_stochastic_muzero_learns_catch_under_anakin():
 
 def test_stochastic_muzero_learns_catch_under_sebulba():
     """The same agent on `envs_jax:catch` stepped on the host (actor device 0, learner
-    device 1): the mean return over the last quarter of 24K steps is >= 0.3."""
+    device 1), the actors waiting for each update: the mean return over the last quarter of
+    32K steps is >= 0.3."""
     import sebulba
     from experiments.configs import stochastic_muzero_catch
 
-    shipped = _learning_config(stochastic_muzero_catch.get_config())
+    shipped = stochastic_muzero_catch.get_config()
     config = sebulba.default_config()
     config.agent = shipped.agent
     config.env.task = "envs_jax:catch"
@@ -263,11 +255,11 @@ def test_stochastic_muzero_learns_catch_under_sebulba():
     config.envs_per_actor_thread, config.rollout_length = 32, 10
     config.agent.rollout_length = config.get_ref("rollout_length")
     config.policy_lag = 0
-    config.total_env_steps, config.log_every_updates = 24_000, 10
+    config.total_env_steps, config.log_every_updates = 32_000, 10
     config.checkpoint_every_updates, config.eval_every_updates = 0, 0
     config.timeout_s = 120.0
     result = sebulba.train(config)
-    late = [r for r in result.history if r["env_steps"] > 18_000 and r["episodes"]]
+    late = [r for r in result.history if r["env_steps"] > 24_000 and r["episodes"]]
     mean_late = (sum(r["episode_return"] * r["episodes"] for r in late)
                  / sum(r["episodes"] for r in late))
     curve = [round(r["episode_return"], 2) for r in result.history]
