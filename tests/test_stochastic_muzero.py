@@ -245,19 +245,13 @@ def test_stochastic_muzero_learns_catch_under_sebulba():
     device 1), the actors waiting for each update: the mean return over the last quarter of
     32K steps is >= 0.3."""
     import sebulba
-    from experiments.configs import stochastic_muzero_catch
+    from experiments.configs import sebulba_stochastic_muzero_catch
 
-    shipped = stochastic_muzero_catch.get_config()
-    config = sebulba.default_config()
-    config.agent = shipped.agent
+    config = sebulba_stochastic_muzero_catch.get_config()
     config.env.task = "envs_jax:catch"
     config.actor_device_ids, config.learner_device_ids = (0,), (1,)
-    config.envs_per_actor_thread, config.rollout_length = 32, 10
-    config.agent.rollout_length = config.get_ref("rollout_length")
-    config.policy_lag = 0
     config.total_env_steps, config.log_every_updates = 32_000, 10
     config.checkpoint_every_updates, config.eval_every_updates = 0, 0
-    config.timeout_s = 120.0
     result = sebulba.train(config)
     late = [r for r in result.history if r["env_steps"] > 24_000 and r["episodes"]]
     mean_late = (sum(r["episode_return"] * r["episodes"] for r in late)
@@ -265,3 +259,16 @@ def test_stochastic_muzero_learns_catch_under_sebulba():
     curve = [round(r["episode_return"], 2) for r in result.history]
     assert result.history[0]["episode_return"] < 0.0, curve
     assert mean_late >= 0.3, curve
+
+
+def test_shipped_configs_are_valid():
+    import anakin
+    import sebulba
+    from experiments.configs import sebulba_stochastic_muzero_catch, stochastic_muzero_catch
+
+    config = stochastic_muzero_catch.get_config()
+    assert anakin.validate(config, 8) == 8
+    assert config.agent.name == "stochastic_muzero" and config.env.name == "stochastic_catch"
+    sebulba_config = sebulba_stochastic_muzero_catch.get_config()
+    sebulba.validate(sebulba_config, num_local_devices=1, num_processes=1)
+    assert sebulba_config.agent.rollout_length == sebulba_config.rollout_length
