@@ -1,14 +1,14 @@
 """JAX-native environments for Anakin: the API, wrappers, native games, adapters and a registry.
 
-Native environments: `catch`; bsuite-style diagnostics `deep_sea`, `memory_chain`,
-`umbrella_chain`, `bandit`; classic control `CartPole-v1`, `Acrobot-v1`, `MountainCar-v0`,
-`Pendulum-v1` (with gymnasium's time limits). Adapted libraries, each behind an optional extra
-of the same name: `gymnax:<name>`, `pgx:<name>`, `jumanji:<name>`, `brax:<name>`. See
-`envs_jax.registry`.
+Native environments: `catch`, `stochastic_catch` (its ball drifts at random); bsuite-style
+diagnostics `deep_sea`, `memory_chain`, `umbrella_chain`, `bandit`; classic control
+`CartPole-v1`, `Acrobot-v1`, `MountainCar-v0`, `Pendulum-v1` (with gymnasium's time limits).
+Adapted libraries, each behind an optional extra of the same name: `gymnax:<name>`,
+`pgx:<name>`, `jumanji:<name>`, `brax:<name>`. See `envs_jax.registry`.
 """
 
 from envs_jax.base import Environment, Wrapper
-from envs_jax.catch import Catch, CatchState
+from envs_jax.catch import Catch, CatchState, stochastic_catch
 from envs_jax.classic_control import MAX_EPISODE_STEPS, Acrobot, CartPole, MountainCar, Pendulum
 from envs_jax.diagnostics import Bandit, DeepSea, MemoryChain, UmbrellaChain
 from envs_jax.registry import (
@@ -32,6 +32,7 @@ from envs_jax.wrappers import (
 )
 
 register("catch", Catch)
+register("stochastic_catch", stochastic_catch)
 register("deep_sea", DeepSea)
 register("memory_chain", MemoryChain)
 register("umbrella_chain", UmbrellaChain)

@@ -139,3 +139,79 @@ def test_vmapped_episodes_are_independent_and_deterministic():
     np.testing.assert_array_equal(first, second)
     # Different keys give different ball columns somewhere in the batch.
     assert not np.all(first[0] == first[0][:1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Stochastic Catch: the ball drifts a column with probability p after it falls.
+
+
+def test_catch_without_drift_is_catch_and_keeps_its_key():
+    plain, still = envs_jax.Catch(), envs_jax.Catch(drift_probability=0.0)
+    state_a, _ = plain.reset(jax.random.PRNGKey(3))
+    state_b, _ = still.reset(jax.random.PRNGKey(3))
+    for action in [LEFT, STAY, RIGHT, RIGHT]:
+        state_a, ts_a = plain.step(state_a, jnp.asarray(action))
+        state_b, ts_b = still.step(state_b, jnp.asarray(action))
+        np.testing.assert_array_equal(ts_a.observation, ts_b.observation)
+    np.testing.assert_array_equal(state_b.key, jax.random.PRNGKey(3))
+
+
+def _drifts(env, ball_x, num=4000):
+    """The ball's column moves (new - old) over `num` one-step draws from column `ball_x`,
+    the paddle staying: as counts of -1, 0, +1."""
+    state, _ = env.reset(jax.random.PRNGKey(0))
+    states = jax.vmap(lambda key: state.replace(ball_x=jnp.asarray(ball_x, jnp.int32), key=key))(
+        jax.random.split(jax.random.PRNGKey(1), num))
+    after, timesteps = jax.vmap(env.step, in_axes=(0, None))(states, jnp.asarray(STAY))
+    np.testing.assert_array_equal(after.ball_y, 1)  # the ball fell one row, as in Catch
+    np.testing.assert_array_equal(after.paddle_x, 2)
+    moves = np.asarray(after.ball_x) - ball_x
+    # The observation shows the ball where it drifted to.
+    obs = np.asarray(timesteps.observation)
+    np.testing.assert_array_equal(obs[np.arange(num), 1, np.asarray(after.ball_x)], 1.0)
+    return [int(np.sum(moves == m)) for m in (-1, 0, 1)]
+
+
+def test_the_ball_drifts_left_or_right_with_half_the_probability_each():
+    # Column 2, p = 0.25: left 1/8, stay 3/4, right 1/8 (4000 draws: 500, 3000, 500; the
+    # bounds are five standard deviations).
+    left, stay, right = _drifts(envs_jax.make("stochastic_catch"), 2)
+    assert abs(left - 500) < 105 and abs(right - 500) < 105 and abs(stay - 3000) < 140
+
+
+def test_a_drift_into_the_wall_leaves_the_ball_in_place():
+    # Column 0, p = 0.25: a left drift is blocked, so stay 7/8 and right 1/8.
+    left, stay, right = _drifts(envs_jax.make("stochastic_catch"), 0)
+    assert left == 0 and abs(right - 500) < 105 and abs(stay - 3500) < 105
+
+
+def test_with_certain_drift_the_ball_never_stays_off_the_walls():
+    # p = 1: every step the ball moves left or right, each half the time.
+    left, stay, right = _drifts(envs_jax.make("stochastic_catch", drift_probability=1.0), 2)
+    assert stay == 0 and abs(left - 2000) < 160 and abs(right - 2000) < 160
+
+
+def test_the_catch_is_decided_where_the_ball_lands_after_its_last_drift():
+    env = envs_jax.make("stochastic_catch", drift_probability=1.0)
+    state, _ = env.reset(jax.random.PRNGKey(0))
+    # The ball one row above the bottom in column 2, the paddle under it, staying: the last
+    # drift always moves the ball (p = 1), so it is always missed.
+    state = state.replace(ball_y=jnp.asarray(8, jnp.int32), ball_x=jnp.asarray(2, jnp.int32),
+                          paddle_x=jnp.asarray(2, jnp.int32))
+    keys = jax.random.split(jax.random.PRNGKey(2), 64)
+    after, ts = jax.vmap(lambda k: env.step(state.replace(key=k), jnp.asarray(STAY)))(keys)
+    np.testing.assert_array_equal(ts.step_type, StepType.LAST)
+    np.testing.assert_array_equal(ts.reward, -1.0)
+    np.testing.assert_array_equal(ts.discount, 0.0)
+    assert set(np.asarray(after.ball_x).tolist()) == {1, 3}
+    # Moving the paddle right catches exactly the balls that drifted right.
+    after, ts = jax.vmap(lambda k: env.step(state.replace(key=k), jnp.asarray(RIGHT)))(keys)
+    np.testing.assert_array_equal(ts.reward, np.where(np.asarray(after.ball_x) == 3, 1.0, -1.0))
+
+
+def test_stochastic_catch_is_registered_with_its_drift_and_refuses_a_bad_one():
+    assert "stochastic_catch" in envs_jax.registered(adapters=False)
+    assert envs_jax.make("stochastic_catch").drift_probability == 0.25
+    assert envs_jax.make("catch").drift_probability == 0.0
+    with pytest.raises(ValueError, match="drift_probability"):
+        envs_jax.Catch(drift_probability=1.5)

@@ -269,7 +269,8 @@ def learner_update(network: EfficientZeroNetwork, optimizer: optax.GradientTrans
                             lstm_size=learn.lstm_size, gradient_scale=learn.unroll_gradient_scale,
                             latents_reach_representation=learn.consistency_to_representation)
 
-    def extra_loss_fn(params, out, observations, windows):
+    def extra_loss_fn(params, out, observations, windows, targets):
+        del targets  # the consistency loss's targets are the observations
         consistency = jnp.zeros((base.batch_size,), jnp.float32)
         if learn.consistency and k:
             mask = same_episode(windows["step_type"][:, history:].astype(jnp.int32), k)

@@ -273,8 +273,9 @@ def learner_update(network: MuZeroNetwork, optimizer: optax.GradientTransformati
         first; None: o_0 alone.
       unroll_fn: (params, observations, actions [S, K]) -> the model's predictions, with
         `losses.UnrollOutput`'s fields; None: `losses.unroll_model` from o_0.
-      extra_loss_fn: (params, predictions, observations, windows) -> ([S] a loss added to
-        each sample's MuZero loss before the importance weights, metrics); None: none.
+      extra_loss_fn: (params, predictions, observations, windows, targets) -> ([S] a loss
+        added to each sample's MuZero loss before the importance weights, metrics); None:
+        none.
     Their metrics join MuZero's; `network.terminal_head` adds `terminal_loss`."""
     sample_key, reanalyse_key, inputs_key = jax.random.split(key, 3)
     hp = state.hparams
@@ -303,7 +304,7 @@ def learner_update(network: MuZeroNetwork, optimizer: optax.GradientTransformati
                                           terminal_logits=out.terminal_logits)
         total, extra_metrics = per_example.loss, {}
         if extra_loss_fn is not None:
-            extra, extra_metrics = extra_loss_fn(params, out, observations, windows)
+            extra, extra_metrics = extra_loss_fn(params, out, observations, windows, targets)
             total = total + extra
         value = value_to_scalar(out.value_logits[:, 0], learn.support_size)
         return jnp.mean(sample.weights * total), (

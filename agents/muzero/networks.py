@@ -168,12 +168,16 @@ class MuZeroNetwork(nn.Module):
         return normalise_latent(x)
 
     def dynamics(self, latent: Array, action: Array) -> tuple[Array, Array]:
-        one_hot = jax.nn.one_hot(action, self.num_actions)
+        return self.dynamics_from(latent, jax.nn.one_hot(action, self.num_actions))
+
+    def dynamics_from(self, latent: Array, inputs: Array) -> tuple[Array, Array]:
+        """g on `inputs` ([B, N] floats) in place of the one-hot action: `dynamics(latent,
+        a)` is `dynamics_from(latent, one_hot(a))` (Stochastic MuZero feeds a chance code)."""
         if self.kind in VECTOR_LATENT:
-            x = self.dyn_net(jnp.concatenate([latent, one_hot], axis=-1))
+            x = self.dyn_net(jnp.concatenate([latent, inputs], axis=-1))
         else:
-            planes = jnp.broadcast_to(one_hot[:, None, None, :],
-                                      latent.shape[:3] + (self.num_actions,))
+            planes = jnp.broadcast_to(inputs[:, None, None, :],
+                                      latent.shape[:3] + inputs.shape[-1:])
             x = nn.relu(self.dyn_in(jnp.concatenate([latent, planes], axis=-1)))
             for block in self.dyn_blocks:
                 x = block(x)

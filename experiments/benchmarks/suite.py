@@ -1,7 +1,8 @@
 """Results suite: each agent's *default* config on each standard environment it can act in.
 
     python -m experiments.benchmarks.suite --out_dir=/tmp/results \
-        [--agents=vtrace,ppo,muzero,efficientzero,dqn,pqn] [--envs=catch,CartPole-v1,...] \
+        [--agents=vtrace,ppo,muzero,efficientzero,stochastic_muzero,dqn,pqn] \
+        [--envs=catch,CartPole-v1,...] \
         [--seeds=0,1,2] [--steps=0] [--minatar_steps=0]
 
 Every (agent, environment) pair is one Anakin run of `anakin.default_config()` with
@@ -16,8 +17,8 @@ program, `config.sweep.seeds`). A pair whose action space the agent cannot act i
 
 Budgets (environment steps per seed), unless `--steps` sets one for every pair:
   classic control and Catch: 1M;
-  MinAtar (gymnax): 10M for the model-free agents (V-trace, PPO, DQN, PQN), 1M for MuZero
-  and EfficientZero (`--minatar_steps` overrides both).
+  MinAtar (gymnax): 10M for the model-free agents (V-trace, PPO, DQN, PQN), 1M for MuZero,
+  EfficientZero and Stochastic MuZero (`--minatar_steps` overrides both).
 
 Written to `--out_dir`: `results.md` (the table: mean and min-max over seeds of the mean training
 episode return at a quarter and half of the budget and at the end (a run ends at the first
@@ -63,7 +64,8 @@ SHIPPED_RUNNER_FIELDS = ("num_devices", "num_envs", "rollout_length", "updates_p
 FRACTIONS = (0.25, 0.5, 1.0)  # of the budget, where the table reads the returns
 RECORDS = 20  # records (chunks) per run, about: the curves' resolution
 
-_AGENTS = flags.DEFINE_list("agents", ["vtrace", "ppo", "muzero", "efficientzero", "dqn", "pqn"],
+_AGENTS = flags.DEFINE_list("agents", ["vtrace", "ppo", "muzero", "efficientzero",
+                                       "stochastic_muzero", "dqn", "pqn"],
                             "Registered agents to run, each with its default config (or, in "
                             "SHIPPED, its shipped config's settings).")
 _ENVS = flags.DEFINE_list("envs", list(CLASSIC + MINATAR), "envs_jax environments.")
