@@ -103,6 +103,7 @@ def _builtin(name: str, module: str, *, continuous_actions: bool = False) -> Non
 _builtin("vtrace", "agents.vtrace")
 _builtin("muzero", "agents.muzero")
 _builtin("efficientzero", "agents.efficientzero")
+_builtin("sampled_muzero", "agents.sampled_muzero", continuous_actions=True)
 _builtin("ppo", "agents.ppo", continuous_actions=True)
 _builtin("dqn", "agents.dqn")
 _builtin("pqn", "agents.pqn")
