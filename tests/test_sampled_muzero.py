@@ -264,6 +264,16 @@ def test_acts_with_a_root_sample_squashed_into_the_bounds():
     np.testing.assert_array_equal(greedy[0], greedy[1])
 
 
+def test_the_suite_runs_it_on_pendulum_only_with_its_shipped_config():
+    from experiments.benchmarks import suite
+
+    assert suite.can_act("sampled_muzero", "Pendulum-v1")
+    assert not suite.can_act("sampled_muzero", "catch")
+    config = suite.pair_config("sampled_muzero", "Pendulum-v1", [0, 1, 2], 1_000_000)
+    assert (config.num_envs, config.rollout_length, config.agent.rollout_length) == (16, 16, 16)
+    assert config.agent.reward_scale == 0.1 and config.sweep.seeds == (0, 1, 2)
+
+
 # ---------------------------------------------------------------------------------------------
 # Learning Pendulum-v1.
 
