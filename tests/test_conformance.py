@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from agents import efficientzero, muzero, ppo, stochastic_muzero, vtrace
+from agents import efficientzero, muzero, ppo, sampled_muzero, stochastic_muzero, vtrace
 from experiments import conformance
 from experiments.conformance import RULE_NAMES, ConformanceError, check_agent
 from podracer.config import ConfigError
@@ -49,13 +49,23 @@ def _small_stochastic_muzero():
     return config
 
 
+def _small_sampled_muzero():
+    config = _small_muzero(sampled_muzero)
+    config.num_samples = 2
+    return config
+
+
 BUILTIN = {
     "vtrace": vtrace.default_config,
     "ppo": ppo.default_config,
     "muzero": lambda: _small_muzero(muzero),
     "efficientzero": _small_efficientzero,
     "stochastic_muzero": _small_stochastic_muzero,
+    "sampled_muzero": _small_sampled_muzero,
 }
+# The environment each is checked on (default: Catch); Sampled MuZero acts in continuous
+# action spaces only.
+ENV = {"sampled_muzero": "Pendulum-v1"}
 
 
 # The search agents compile a search in every rule, and their learner step in six: on the
@@ -76,10 +86,14 @@ BUILTIN = {
 # `LearnerState` and its learner loop and replication MuZero's, and its Anakin and Sebulba
 # learning tests (tests/test_stochastic_muzero.py) run the chunk and the Sebulba update; the
 # full check is `python -m experiments.conformance --agent=stochastic_muzero`.
+# Sampled MuZero leaves out what MuZero does, with the same reasons (its learner update is
+# MuZero's, called with its policy loss; `python -m experiments.conformance
+# --agent=sampled_muzero --env=Pendulum-v1` runs every rule).
 SKIPPED_HERE = {"muzero": ("set_hparams", "vmap"),
                 "stochastic_muzero": ("set_hparams", "vmap", "updates_change_params",
                                       "replication", "metrics_averaged", "anakin_chunk",
                                       "checkpoint", "sebulba_update"),
+                "sampled_muzero": ("set_hparams", "vmap"),
                 "efficientzero": ("set_hparams", "vmap", "updates_change_params", "replication",
                                   "metrics_averaged", "anakin_chunk")}
 
@@ -87,7 +101,7 @@ SKIPPED_HERE = {"muzero": ("set_hparams", "vmap"),
 @pytest.mark.parametrize("name", sorted(BUILTIN))
 def test_every_builtin_agent_passes_every_rule(name):
     rules = [r for r in RULE_NAMES if r not in SKIPPED_HERE.get(name, ())]
-    report = check_agent(name, config=BUILTIN[name](), rules=rules)
+    report = check_agent(name, config=BUILTIN[name](), rules=rules, env=ENV.get(name, "catch"))
     assert report.passed
     assert [r.rule for r in report.results] == rules
     # On two devices nothing is skipped, and the replication rules saw real updates.

@@ -39,9 +39,10 @@ def my_agent():
 
 
 def test_builtin_agents_are_registered_through_the_same_call():
-    assert {"vtrace", "muzero", "efficientzero", "ppo"} <= set(agents.registered())
-    assert agents.continuous_agents() == ["ppo"]
-    for name in ("vtrace", "muzero", "efficientzero", "ppo"):
+    assert {"vtrace", "muzero", "efficientzero", "ppo", "sampled_muzero"} <= set(
+        agents.registered())
+    assert agents.continuous_agents() == ["ppo", "sampled_muzero"]
+    for name in ("vtrace", "muzero", "efficientzero", "ppo", "sampled_muzero"):
         assert agents.default_config(name).name == name
 
 

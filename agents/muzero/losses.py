@@ -38,7 +38,7 @@ def unroll_model(network: MuZeroNetwork, params: Params, observation: Array,
                  reward_head: Callable[[Params, Array, Any, int], tuple[Array, Any]] | None = None,
                  reward_carry: Any = None) -> UnrollOutput:
     """Represents `observation` ([B, ...]) and unrolls the dynamics through `actions`
-    ([B, K]), predicting at every step (and, with `network.terminal_head`, whether each
+    ([B, K], or [B, K, D] action vectors for a model of continuous actions), predicting at every step (and, with `network.terminal_head`, whether each
     step ended the episode). Half the gradient flows into each dynamics step (MuZero
     appendix G), and `step_scale` scales the gradient of every prediction past step 0
     (appendix G's 1/K; 1: none).
@@ -46,7 +46,7 @@ def unroll_model(network: MuZeroNetwork, params: Params, observation: Array,
     `reward_head` (params, the latent of step k + 1, carry, k) -> (reward logits, carry),
     starting from `reward_carry`, replaces the dynamics' reward (EfficientZero's value
     prefix)."""
-    chex.assert_rank(actions, 2)
+    chex.assert_rank(actions, {2, 3})
     latent = network.apply(params, observation, method="represent")
     policies, values, rewards, latents = [], [], [], []
     ends = [jnp.zeros(observation.shape[:1], jnp.float32)]

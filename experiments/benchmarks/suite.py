@@ -1,7 +1,7 @@
 """Results suite: each agent's *default* config on each standard environment it can act in.
 
     python -m experiments.benchmarks.suite --out_dir=/tmp/results \
-        [--agents=vtrace,ppo,muzero,efficientzero,stochastic_muzero,dqn,pqn] \
+        [--agents=vtrace,ppo,muzero,efficientzero,stochastic_muzero,dqn,pqn,sampled_muzero] \
         [--envs=catch,CartPole-v1,...] \
         [--seeds=0,1,2] [--steps=0] [--minatar_steps=0]
 
@@ -11,9 +11,12 @@ set: nothing is tuned per environment. The value-based agents (`dqn`, `pqn`; `SH
 instead with the runner's and the agent's settings of their shipped CartPole config (for DQN
 8 environments x T = 8 into one replay, 2 updates per step, LayerNorm and a target copy
 every 100 updates; for PQN 32 x 64 and 16 minibatches), their epsilon annealed over the
-same fraction of the run as there, whatever the budget. The seeds run as one vmapped sweep (one compiled
+same fraction of the run as there, whatever the budget. Sampled MuZero (continuous actions
+only: Pendulum) runs with its shipped Pendulum config's (16 environments x T = 16, rewards
+scaled by 0.1). The seeds run as one vmapped sweep (one compiled
 program, `config.sweep.seeds`). A pair whose action space the agent cannot act in
-(a discrete-action agent on Pendulum) is skipped and listed as such.
+(a discrete-action agent on Pendulum, Sampled MuZero on a discrete one) is skipped and listed
+as such.
 
 Budgets (environment steps per seed), unless `--steps` sets one for every pair:
   classic control and Catch: 1M;
@@ -56,7 +59,12 @@ MINATAR = tuple(f"gymnax:{game}-MinAtar"
                 for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"))
 MODEL_FREE = ("vtrace", "ppo", "dqn", "pqn")  # 10M steps on MinAtar
 # Agents run with their shipped config's runner and agent settings (see `pair_config`).
-SHIPPED = {"dqn": "experiments.configs.dqn_cartpole", "pqn": "experiments.configs.pqn_cartpole"}
+# Sampled MuZero's: its Pendulum config, whose reward scale keeps Pendulum's values inside the
+# value support (the default's 1.0 does not).
+SHIPPED = {"dqn": "experiments.configs.dqn_cartpole", "pqn": "experiments.configs.pqn_cartpole",
+           "sampled_muzero": "experiments.configs.sampled_muzero_pendulum"}
+# Agents that act in continuous action spaces only (skipped on discrete ones).
+CONTINUOUS_ONLY = ("sampled_muzero",)
 # The runner's fields taken from a shipped config: how many environments feed each learner
 # step (for a replay agent, its replay ratio) and how many learner steps each compiled call
 # makes.
@@ -65,7 +73,7 @@ FRACTIONS = (0.25, 0.5, 1.0)  # of the budget, where the table reads the returns
 RECORDS = 20  # records (chunks) per run, about: the curves' resolution
 
 _AGENTS = flags.DEFINE_list("agents", ["vtrace", "ppo", "muzero", "efficientzero",
-                                       "stochastic_muzero", "dqn", "pqn"],
+                                       "stochastic_muzero", "dqn", "pqn", "sampled_muzero"],
                             "Registered agents to run, each with its default config (or, in "
                             "SHIPPED, its shipped config's settings).")
 _ENVS = flags.DEFINE_list("envs", list(CLASSIC + MINATAR), "envs_jax environments.")
@@ -91,10 +99,13 @@ def budget(agent: str, env: str, *, steps: int = 0, minatar_steps: int = 0) -> i
 
 
 def can_act(agent: str, env: str) -> bool:
-    """Whether `agent` acts in `env`'s action space (discrete, or continuous when the agent
-    is registered with `continuous_actions`)."""
+    """Whether `agent` acts in `env`'s action space (discrete, unless the agent is in
+    `CONTINUOUS_ONLY`; or continuous when the agent is registered with
+    `continuous_actions`)."""
     discrete = isinstance(envs_jax.make(env).spec().action, DiscreteSpec)
-    return discrete or agents.accepts_continuous_actions(agent)
+    if discrete:
+        return agent not in CONTINUOUS_ONLY
+    return agents.accepts_continuous_actions(agent)
 
 
 def pair_config(agent: str, env: str, seeds: Sequence[int], total_env_steps: int):
@@ -113,7 +124,7 @@ def pair_config(agent: str, env: str, seeds: Sequence[int], total_env_steps: int
     config.env.name = env
     config.total_env_steps = total_env_steps
     updates = total_env_steps // (config.num_envs * config.rollout_length)
-    if agent in SHIPPED:
+    if agent in SHIPPED and "epsilon_anneal_steps" in shipped.agent:
         # The schedule counts learner steps: keep its share of the run, not its length.
         shipped_updates = shipped.total_env_steps // (config.num_envs * config.rollout_length)
         fraction = shipped.agent.epsilon_anneal_steps / shipped_updates

@@ -1,0 +1,81 @@
+"""Sampled MuZero (Hubert et al., 2021, "Learning and Planning in Complex Action Spaces") for
+continuous actions [D], on MuZero's package: a Gaussian policy, dynamics of the action vector,
+a PUCT search (mctx) over K actions sampled at every node with the prior (beta_hat / beta) pi,
+and the policy trained towards the search's visits over the samples. New modules only;
+MuZero's replay, targets, unroll and learner update are reused (docs/sampled_muzero.md)."""
+
+from agents.sampled_muzero.agent import (
+    INTRODUCED,
+    LOSS_HPARAMS,
+    METRIC_NAMES,
+    OPTIMIZER_HPARAMS,
+    SWEEPABLE,
+    choices,
+    default_config,
+    init_learner_state,
+    make_agent,
+    sampling_settings,
+    set_hparams,
+    validate,
+)
+from agents.sampled_muzero.learning import (
+    learner_update,
+    policy_targets,
+    sampled_policy_loss,
+    to_replay_steps,
+)
+from agents.sampled_muzero.networks import (
+    SampledMuZeroNetwork,
+    action_bounds,
+    entropy,
+    from_env,
+    gaussian,
+    log_prob,
+    make_network,
+    squash,
+    to_env,
+)
+from agents.sampled_muzero.search import (
+    evaluation_key,
+    make_recurrent_fn,
+    root_output,
+    root_samples,
+    run_search,
+    sample_actions,
+    sampled_prior_logits,
+)
+
+__all__ = [
+    "INTRODUCED",
+    "LOSS_HPARAMS",
+    "METRIC_NAMES",
+    "OPTIMIZER_HPARAMS",
+    "SWEEPABLE",
+    "SampledMuZeroNetwork",
+    "action_bounds",
+    "choices",
+    "default_config",
+    "entropy",
+    "evaluation_key",
+    "from_env",
+    "gaussian",
+    "init_learner_state",
+    "learner_update",
+    "log_prob",
+    "make_agent",
+    "make_network",
+    "make_recurrent_fn",
+    "policy_targets",
+    "root_output",
+    "root_samples",
+    "run_search",
+    "sample_actions",
+    "sampled_policy_loss",
+    "sampled_prior_logits",
+    "sampling_settings",
+    "set_hparams",
+    "squash",
+    "to_env",
+    "to_replay_steps",
+    "validate",
+]
