@@ -60,6 +60,8 @@ SHIPPED = {"dqn": "experiments.configs.dqn_cartpole", "pqn": "experiments.config
 # step (for a replay agent, its replay ratio) and how many learner steps each compiled call
 # makes.
 SHIPPED_RUNNER_FIELDS = ("num_devices", "num_envs", "rollout_length", "updates_per_chunk")
+# The shipped agent fields that count learner steps (epsilon's and the step size's anneals).
+ANNEALED = ("epsilon_anneal_steps", "anneal_lr_updates")
 FRACTIONS = (0.25, 0.5, 1.0)  # of the budget, where the table reads the returns
 RECORDS = 20  # records (chunks) per run, about: the curves' resolution
 
@@ -100,7 +102,8 @@ def pair_config(agent: str, env: str, seeds: Sequence[int], total_env_steps: int
     environment, the budget and the seeds (and the chunk length, which sets only how often
     the run logs: about `RECORDS` records per run). An agent in `SHIPPED` takes its shipped
     config's agent settings and runner fields (`SHIPPED_RUNNER_FIELDS`) instead of the
-    defaults, its epsilon annealed over the same fraction of the run as in that config."""
+    defaults, its schedules (`ANNEALED`) over the same fraction of the run as in that
+    config."""
     config = anakin.default_config()
     config.agent = agents.default_config(agent)
     if agent in SHIPPED:
@@ -112,10 +115,12 @@ def pair_config(agent: str, env: str, seeds: Sequence[int], total_env_steps: int
     config.total_env_steps = total_env_steps
     updates = total_env_steps // (config.num_envs * config.rollout_length)
     if agent in SHIPPED:
-        # The schedule counts learner steps: keep its share of the run, not its length.
+        # The schedules count learner steps: keep their share of the run, not their length.
         shipped_updates = shipped.total_env_steps // (config.num_envs * config.rollout_length)
-        fraction = shipped.agent.epsilon_anneal_steps / shipped_updates
-        config.agent.epsilon_anneal_steps = max(1, round(fraction * updates))
+        for field in ANNEALED:
+            length = shipped.agent.get(field, 0)
+            if length:
+                config.agent[field] = max(1, round(length / shipped_updates * updates))
     config.updates_per_chunk = max(1, min(config.updates_per_chunk, updates // RECORDS))
     config.sweep.seeds = tuple(seeds)
     return config
