@@ -9,9 +9,10 @@ Every (agent, environment) pair is one Anakin run of `anakin.default_config()` w
 set: nothing is tuned per environment. The value-based agents (`dqn`, `pqn`; `SHIPPED`) run
 instead with the runner's and the agent's settings of their shipped CartPole config (for DQN
 8 environments x T = 8 into one replay, 2 updates per step, LayerNorm and a target copy
-every 100 updates; for PQN 32 x 64 and 16 minibatches), their epsilon annealed over the
-same fraction of the run as there, whatever the budget. The seeds run as one vmapped sweep (one compiled
-program, `config.sweep.seeds`). A pair whose action space the agent cannot act in
+every 100 updates; for PQN 32 x 64, 16 minibatches, 256 wide, lambda 0.95, rewards x 0.1),
+their epsilon (and PQN's step size) annealed over the same fraction of the run as there,
+whatever the budget. The seeds run as one vmapped sweep (one compiled program,
+`config.sweep.seeds`). A pair whose action space the agent cannot act in
 (a discrete-action agent on Pendulum) is skipped and listed as such.
 
 Budgets (environment steps per seed), unless `--steps` sets one for every pair:
