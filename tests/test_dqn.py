@@ -148,11 +148,19 @@ def test_double_dqn_learns_catch_under_sebulba():
 def test_shipped_dqn_configs_are_valid():
     import anakin
     import sebulba
-    from experiments.configs import dqn_cartpole, dqn_catch, sebulba_dqn_cartpole
+    from experiments.configs import (
+        dqn_cartpole,
+        dqn_catch,
+        sebulba_dqn_atari,
+        sebulba_dqn_cartpole,
+    )
 
     assert anakin.validate(dqn_catch.get_config(), 8) == 1
     assert anakin.validate(dqn_cartpole.get_config(), 8) == 1
     sebulba.validate(sebulba_dqn_cartpole.get_config(), num_local_devices=1, num_processes=1)
+    atari = sebulba_dqn_atari.get_config()
+    sebulba.validate(atari, num_local_devices=1, num_processes=1)
+    assert atari.env.task == "Pong-v5" and atari.agent.torso == "conv"
 
 
 def test_the_conformance_check_builds_dqn_at_its_defaults():

@@ -48,3 +48,47 @@ def test_pqn_is_registered_and_passes_the_conformance_check():
     report = check_agent("pqn", config=config)
     assert report.passed, report
     assert report.num_devices == 2
+
+
+class _ByObservation:
+    """Q(o) = the observation's two entries (o is [B, 2])."""
+
+    def apply(self, params, observation):
+        return observation, None
+
+
+def test_targets_use_the_rewards_times_reward_scale():
+    from podracer.types import StepType, TimeStep, Trajectory
+
+    # One column, T = 2, no episode end: rewards 4 and 8, Q(o_1) = (1, 3), Q(o_2) = (2, 0).
+    obs = jnp.asarray([[[0.0, 0.0]], [[1.0, 3.0]], [[2.0, 0.0]]])
+    trajectory = Trajectory(
+        timestep=TimeStep(step_type=jnp.full((3, 1), StepType.MID, jnp.int32),
+                          reward=jnp.asarray([[0.0], [4.0], [8.0]]),
+                          discount=jnp.ones((3, 1)), observation=obs),
+        action=jnp.zeros((2, 1), jnp.int32), extras={})
+    g = pqn.targets(_ByObservation(), None, trajectory, gamma=0.5, lambda_=0.5,
+                    reward_scale=0.25)
+    # G_1 = 0.25 * 8 + 0.5 * 2 = 3; G_0 = 0.25 * 4 + 0.5 * (0.5 * 3 + 0.5 * 3) = 2.5.
+    np.testing.assert_allclose(g[:, 0], [2.5, 3.0], rtol=1e-6)
+
+
+def test_the_step_size_falls_linearly_to_zero_over_anneal_lr_updates():
+    import optax
+
+    config = pqn.default_config()
+    config.learning_rate = 0.1
+    config.adam_eps = 0.0
+    config.num_epochs, config.num_minibatches = 1, 2  # two updates per learner step
+    config.anneal_lr_updates = 2  # learner steps
+    optimizer = pqn.make_optimizer(config)
+    params = jnp.zeros(())
+    state = optimizer.init(params)
+    steps = []
+    for _ in range(6):
+        # A constant gradient: Adam's bias-corrected step is exactly 1 before the schedule.
+        updates, state = optimizer.update(jnp.ones(()), state, params)
+        params = optax.apply_updates(params, updates)
+        steps.append(float(-updates))
+    # Learner step 0 at the full rate, learner step 1 at half, then none.
+    np.testing.assert_allclose(steps, [0.1, 0.1, 0.05, 0.05, 0.0, 0.0], rtol=1e-4, atol=1e-9)

@@ -109,23 +109,23 @@ def test_sigterm_stops_the_suite_and_resume_finishes_the_pair(tmp_path, monkeypa
     assert [r["updates"] for r in plot.load_runs(catch)[0].records] == [1, 2, 3, 4]
 
 
-def test_value_agents_take_their_cartpole_configs_settings_with_epsilon_scaled_to_the_run():
+def test_value_agents_take_their_cartpole_configs_settings_with_schedules_scaled_to_the_run():
     from experiments.configs import dqn_cartpole, pqn_cartpole
     assert suite.budget("dqn", "gymnax:Breakout-MinAtar") == 10_000_000  # model-free
     assert suite.budget("pqn", "gymnax:Breakout-MinAtar") == 10_000_000
     for agent, module, anneal in (
             # dqn_cartpole: 2,500 of 500K // 64 = 7,812 learner steps (160K env steps, 32%);
             # 1M // 64 = 15,625 learner steps, 32% of them: 5,000 (320K env steps).
-            ("dqn", dqn_cartpole, 5_000),
-            # pqn_cartpole: 50 of 500K // 2,048 = 244 learner steps (20.5%); 1M // 2,048 =
-            # 488, 20.5% of them: 100.
-            ("pqn", pqn_cartpole, 100)):
+            ("dqn", dqn_cartpole, {"epsilon_anneal_steps": 5_000}),
+            # pqn_cartpole: epsilon over 50 of 500K // 2,048 = 244 learner steps (20.5%), the
+            # step size over all 244; 1M // 2,048 = 488, 20.5% of them: 100, and all 488.
+            ("pqn", pqn_cartpole, {"epsilon_anneal_steps": 100, "anneal_lr_updates": 488})):
         shipped = module.get_config()
         config = suite.pair_config(agent, "Acrobot-v1", (0, 1, 2), 1_000_000)
         for field in ("num_devices", "num_envs", "rollout_length"):
             assert config[field] == shipped[field], (agent, field)
         expected = shipped.agent.to_dict()
-        expected["epsilon_anneal_steps"] = anneal
+        expected.update(anneal)
         assert config.agent.to_dict() == expected
         assert config.env.name == "Acrobot-v1" and config.total_env_steps == 1_000_000
         assert config.eval_every_updates == 0  # as every pair: training returns only

@@ -25,7 +25,7 @@ from podracer.config import ConfigError
 from podracer.types import Array, EnvSpec, PRNGKey
 
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
-LOSS_HPARAMS = ("discount", "lambda_")
+LOSS_HPARAMS = ("discount", "lambda_", "reward_scale")
 SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
 
 
@@ -36,11 +36,15 @@ def default_config() -> ml_collections.ConfigDict:
     c.torso = "auto"  # "auto" | "mlp" | "conv"; "auto": conv on images >= 36 x 36
     c.hidden_sizes = (128, 128)  # the MLP torso's layer sizes; None: the observations' default
     c.layer_norm = True  # LayerNorm before each ReLU of the MLP torso (PQN's stabiliser)
-    c.learning_rate = 1e-4  # Adam step size
+    c.learning_rate = 1e-4  # Adam step size at the start
+    # Learner steps over which the step size falls linearly to 0; 0 = constant. Configs tie
+    # it to the run length with field references (as PPO's `anneal_lr_updates`).
+    c.anneal_lr_updates = 0
     c.adam_eps = 1e-5  # Adam's epsilon
     c.max_grad_norm = 10.0  # each minibatch gradient is clipped to this global norm
     c.discount = 0.99  # gamma per agent step
     c.lambda_ = 0.65  # lambda of the Q(lambda) targets, in [0, 1]
+    c.reward_scale = 1.0  # rewards are multiplied by it in the targets (Q in its units)
     c.num_epochs = 4  # passes over each trajectory batch
     c.num_minibatches = 4  # per epoch, per device; T x (environments per device) split evenly
     c.epsilon_start = 1.0  # exploration rate at the first learner step
@@ -50,7 +54,28 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    return dqn_agent.make_optimizer(config)
+    """Global-norm clipping then Adam, the step size annealed linearly to 0 over
+    `anneal_lr_updates` learner steps (of num_epochs x num_minibatches updates each; constant
+    within a step), with its hyperparameters held in the optimiser state."""
+    steps_per_update = config.num_epochs * config.num_minibatches
+    anneal = int(config.anneal_lr_updates)
+
+    def fraction(count: Array) -> Array:
+        if anneal <= 0:
+            return jnp.ones((), jnp.float32)
+        done = (count // steps_per_update).astype(jnp.float32)
+        return jnp.clip(1.0 - done / anneal, 0.0, 1.0)
+
+    def clipped_adam(learning_rate, adam_eps, max_grad_norm):
+        return optax.chain(
+            optax.clip_by_global_norm(max_grad_norm),
+            optax.scale_by_adam(eps=adam_eps),
+            optax.scale_by_schedule(fraction),
+            optax.scale_by_learning_rate(learning_rate),
+        )
+
+    return optax.inject_hyperparams(clipped_adam)(
+        **{name: float(config[name]) for name in OPTIMIZER_HPARAMS})
 
 
 def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> LearnerState:
@@ -67,8 +92,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
                           f"use one of {list(networks.TORSOS)}")
     validate_hidden_sizes(config.hidden_sizes)
     for field, minimum, example in (("num_epochs", 1, 4), ("num_minibatches", 1, 4),
-                                    ("epsilon_anneal_steps", 0, 200)):
+                                    ("epsilon_anneal_steps", 0, 200),
+                                    ("anneal_lr_updates", 0, 0)):
         dqn_agent.check_whole(config, field, minimum, example)
+    if not config.reward_scale > 0.0:
+        raise ConfigError("agent.reward_scale", f"must be > 0, got {config.reward_scale}",
+                          "set --config.agent.reward_scale=1.0")
     if not 0.0 <= config.lambda_ <= 1.0:
         raise ConfigError("agent.lambda_", f"must be in [0, 1], got {config.lambda_}",
                           "set e.g. --config.agent.lambda_=0.65")

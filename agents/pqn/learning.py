@@ -6,7 +6,7 @@ the Q(lambda) targets are the DQN family's (`agents.dqn`).
 One learner step on a trajectory [T+1, B]:
 
     # TARGETS, once, with the parameters the step starts from
-    G_t = r_{t+1} + gamma d_{t+1} ((1 - lambda) max_a Q(o_{t+1}, a) + lambda G_{t+1})   (cut at LAST)
+    G_t = c r_{t+1} + gamma d_{t+1} ((1 - lambda) max_a Q(o_{t+1}, a) + lambda G_{t+1})   (cut at LAST; c: reward_scale)
     # OPTIMISE
     repeat num_epochs times (lax.scan), each with a fresh permutation of the T x B transitions:
         repeat num_minibatches times (lax.scan):
@@ -50,12 +50,13 @@ def _flat(x: Array) -> Array:
 
 
 def targets(network: QNetwork, params: Params, trajectory: Trajectory, *, gamma: Array,
-            lambda_: Array) -> Array:
-    """[T, B] the Q(lambda) targets of a trajectory with `params` (`dqn.q_lambda_targets`)."""
+            lambda_: Array, reward_scale: Array = 1.0) -> Array:
+    """[T, B] the Q(lambda) targets of a trajectory with `params` (`dqn.q_lambda_targets`),
+    on rewards multiplied by `reward_scale`."""
     ts = trajectory.timestep
     q, _ = network.apply(params, _flat(ts.observation[1:]))
     q_t = q.reshape(ts.reward[1:].shape + q.shape[-1:])
-    return q_lambda_targets(ts.reward[1:], ts.discount[1:], ts.last()[1:], q_t, gamma=gamma,
+    return q_lambda_targets(reward_scale * ts.reward[1:], ts.discount[1:], ts.last()[1:], q_t, gamma=gamma,
                             lambda_=lambda_)
 
 
@@ -75,7 +76,8 @@ def learner_step(network: QNetwork, optimizer: optax.GradientTransformation,
     updates (each epoch's permutation from `key`). Metrics are averaged over the updates and
     over `axis_name`."""
     hp = state.hparams
-    g = targets(network, state.params, trajectory, gamma=hp["discount"], lambda_=hp["lambda_"])
+    g = targets(network, state.params, trajectory, gamma=hp["discount"], lambda_=hp["lambda_"],
+                reward_scale=hp["reward_scale"])
     data = (_flat(trajectory.timestep.observation[:-1]),
             _flat(trajectory.action.astype(jnp.int32)), _flat(g),
             _flat(trajectory.transition_mask()))

@@ -10,13 +10,13 @@ Every (agent, environment) pair is one Anakin run of `anakin.default_config()` w
 set: nothing is tuned per environment. The value-based agents (`dqn`, `pqn`; `SHIPPED`) run
 instead with the runner's and the agent's settings of their shipped CartPole config (for DQN
 8 environments x T = 8 into one replay, 2 updates per step, LayerNorm and a target copy
-every 100 updates; for PQN 32 x 64 and 16 minibatches), their epsilon annealed over the
-same fraction of the run as there, whatever the budget. Sampled MuZero (continuous actions
-only: Pendulum) runs with its shipped Pendulum config's (16 environments x T = 16, rewards
-scaled by 0.1). The seeds run as one vmapped sweep (one compiled
-program, `config.sweep.seeds`). A pair whose action space the agent cannot act in
-(a discrete-action agent on Pendulum, Sampled MuZero on a discrete one) is skipped and listed
-as such.
+every 100 updates; for PQN 32 x 64, 16 minibatches, 256 wide, lambda 0.95, rewards x 0.1),
+their epsilon (and PQN's step size) annealed over the same fraction of the run as there,
+whatever the budget. Sampled MuZero (continuous actions only: Pendulum) runs with its shipped
+Pendulum config's (16 environments x T = 16, rewards scaled by 0.1). The seeds run as one
+vmapped sweep (one compiled program, `config.sweep.seeds`). A pair whose action space the
+agent cannot act in (a discrete-action agent on Pendulum, Sampled MuZero on a discrete one) is
+skipped and listed as such.
 
 Budgets (environment steps per seed), unless `--steps` sets one for every pair:
   classic control and Catch: 1M;
@@ -69,6 +69,8 @@ CONTINUOUS_ONLY = ("sampled_muzero",)
 # step (for a replay agent, its replay ratio) and how many learner steps each compiled call
 # makes.
 SHIPPED_RUNNER_FIELDS = ("num_devices", "num_envs", "rollout_length", "updates_per_chunk")
+# The shipped agent fields that count learner steps (epsilon's and the step size's anneals).
+ANNEALED = ("epsilon_anneal_steps", "anneal_lr_updates")
 FRACTIONS = (0.25, 0.5, 1.0)  # of the budget, where the table reads the returns
 RECORDS = 20  # records (chunks) per run, about: the curves' resolution
 
@@ -113,7 +115,8 @@ def pair_config(agent: str, env: str, seeds: Sequence[int], total_env_steps: int
     environment, the budget and the seeds (and the chunk length, which sets only how often
     the run logs: about `RECORDS` records per run). An agent in `SHIPPED` takes its shipped
     config's agent settings and runner fields (`SHIPPED_RUNNER_FIELDS`) instead of the
-    defaults, its epsilon annealed over the same fraction of the run as in that config."""
+    defaults, its schedules (`ANNEALED`) over the same fraction of the run as in that
+    config."""
     config = anakin.default_config()
     config.agent = agents.default_config(agent)
     if agent in SHIPPED:
@@ -124,11 +127,13 @@ def pair_config(agent: str, env: str, seeds: Sequence[int], total_env_steps: int
     config.env.name = env
     config.total_env_steps = total_env_steps
     updates = total_env_steps // (config.num_envs * config.rollout_length)
-    if agent in SHIPPED and "epsilon_anneal_steps" in shipped.agent:
-        # The schedule counts learner steps: keep its share of the run, not its length.
+    if agent in SHIPPED:
+        # The schedules count learner steps: keep their share of the run, not their length.
         shipped_updates = shipped.total_env_steps // (config.num_envs * config.rollout_length)
-        fraction = shipped.agent.epsilon_anneal_steps / shipped_updates
-        config.agent.epsilon_anneal_steps = max(1, round(fraction * updates))
+        for field in ANNEALED:
+            length = shipped.agent.get(field, 0)
+            if length:
+                config.agent[field] = max(1, round(length / shipped_updates * updates))
     config.updates_per_chunk = max(1, min(config.updates_per_chunk, updates // RECORDS))
     config.sweep.seeds = tuple(seeds)
     return config
