@@ -87,13 +87,14 @@ ENV = {"sampled_muzero": "Pendulum-v1"}
 # learning tests (tests/test_stochastic_muzero.py) run the chunk and the Sebulba update; the
 # full check is `python -m experiments.conformance --agent=stochastic_muzero`.
 # Sampled MuZero leaves out what MuZero does, with the same reasons (its learner update is
-# MuZero's, called with its policy loss; `python -m experiments.conformance
-# --agent=sampled_muzero --env=Pendulum-v1` runs every rule).
+# MuZero's, called with its policy loss), and the Anakin chunk and the Sebulba update, which its
+# learning tests (tests/test_sampled_muzero.py) run under both runners; `python -m
+# experiments.conformance --agent=sampled_muzero --env=Pendulum-v1` runs every rule.
 SKIPPED_HERE = {"muzero": ("set_hparams", "vmap"),
                 "stochastic_muzero": ("set_hparams", "vmap", "updates_change_params",
                                       "replication", "metrics_averaged", "anakin_chunk",
                                       "checkpoint", "sebulba_update"),
-                "sampled_muzero": ("set_hparams", "vmap"),
+                "sampled_muzero": ("set_hparams", "vmap", "anakin_chunk", "sebulba_update"),
                 "efficientzero": ("set_hparams", "vmap", "updates_change_params", "replication",
                                   "metrics_averaged", "anakin_chunk")}
 
