@@ -102,6 +102,7 @@ def _builtin(name: str, module: str, *, continuous_actions: bool = False) -> Non
 
 _builtin("vtrace", "agents.vtrace")
 _builtin("muzero", "agents.muzero")
+_builtin("gumbel_muzero", "agents.gumbel_muzero")
 _builtin("efficientzero", "agents.efficientzero")
 _builtin("stochastic_muzero", "agents.stochastic_muzero")
 _builtin("sampled_muzero", "agents.sampled_muzero", continuous_actions=True)

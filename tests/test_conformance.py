@@ -17,7 +17,15 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from agents import efficientzero, muzero, ppo, sampled_muzero, stochastic_muzero, vtrace
+from agents import (
+    efficientzero,
+    gumbel_muzero,
+    muzero,
+    ppo,
+    sampled_muzero,
+    stochastic_muzero,
+    vtrace,
+)
 from experiments import conformance
 from experiments.conformance import RULE_NAMES, ConformanceError, check_agent
 from podracer.config import ConfigError
@@ -59,6 +67,7 @@ BUILTIN = {
     "vtrace": vtrace.default_config,
     "ppo": ppo.default_config,
     "muzero": lambda: _small_muzero(muzero),
+    "gumbel_muzero": lambda: _small_muzero(gumbel_muzero),
     "efficientzero": _small_efficientzero,
     "stochastic_muzero": _small_stochastic_muzero,
     "sampled_muzero": _small_sampled_muzero,
@@ -90,7 +99,12 @@ ENV = {"sampled_muzero": "Pendulum-v1"}
 # MuZero's, called with its policy loss), and the Anakin chunk and the Sebulba update, which its
 # learning tests (tests/test_sampled_muzero.py) run under both runners; `python -m
 # experiments.conformance --agent=sampled_muzero --env=Pendulum-v1` runs every rule.
+# Gumbel MuZero is MuZero with another search: its entry checks what the search changes
+# (acting, evaluation, the Sebulba update's actor) and leaves the learner's rules, MuZero's own
+# code, to MuZero's entry and the Anakin chunk to its learning test (tests/test_gumbel_muzero.py).
 SKIPPED_HERE = {"muzero": ("set_hparams", "vmap"),
+                "gumbel_muzero": ("set_hparams", "vmap", "updates_change_params", "replication",
+                                  "metrics_averaged", "anakin_chunk", "checkpoint"),
                 "stochastic_muzero": ("set_hparams", "vmap", "updates_change_params",
                                       "replication", "metrics_averaged", "anakin_chunk",
                                       "checkpoint", "sebulba_update"),

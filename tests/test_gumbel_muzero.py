@@ -169,3 +169,21 @@ def test_gumbel_muzero_learns_catch_with_two_simulations():
     returns = [h["episode_return"] for h in result.history]
     assert returns[0] < 0.0, returns  # started at random play
     assert result.final_metrics["episode_return"] >= 0.5, returns
+
+
+def test_gumbel_muzero_is_a_registered_agent_with_the_gumbel_search():
+    import agents
+    from podracer.types import ArraySpec, DiscreteSpec, EnvSpec
+
+    assert "gumbel_muzero" in agents.registered()
+    config = agents.default_config("gumbel_muzero")
+    assert config.name == "gumbel_muzero" and config.search == "gumbel"
+    # Every other field is MuZero's default.
+    mz = muzero.default_config()
+    assert {k: v for k, v in config.items() if k not in ("name", "search")} == {
+        k: v for k, v in mz.items() if k not in ("name", "search")}
+    spec = EnvSpec(observation=ArraySpec((5,), np.float32), action=DiscreteSpec(3))
+    agents.make(config, spec)
+    config.search = "muzero"
+    with pytest.raises(ConfigError, match="agent.search.*use the muzero agent"):
+        agents.make(config, spec)

@@ -1,7 +1,7 @@
 """Results suite: each agent's *default* config on each standard environment it can act in.
 
     python -m experiments.benchmarks.suite --out_dir=/tmp/results \
-        [--agents=vtrace,ppo,muzero,efficientzero,stochastic_muzero,dqn,pqn,sampled_muzero] \
+        [--agents=vtrace,ppo,muzero,gumbel_muzero,efficientzero,stochastic_muzero,dqn,pqn,sampled_muzero] \
         [--envs=catch,CartPole-v1,...] \
         [--seeds=0,1,2] [--steps=0] [--minatar_steps=0]
 
@@ -74,8 +74,9 @@ ANNEALED = ("epsilon_anneal_steps", "anneal_lr_updates")
 FRACTIONS = (0.25, 0.5, 1.0)  # of the budget, where the table reads the returns
 RECORDS = 20  # records (chunks) per run, about: the curves' resolution
 
-_AGENTS = flags.DEFINE_list("agents", ["vtrace", "ppo", "muzero", "efficientzero",
-                                       "stochastic_muzero", "dqn", "pqn", "sampled_muzero"],
+_AGENTS = flags.DEFINE_list("agents", ["vtrace", "ppo", "muzero", "gumbel_muzero",
+                                       "efficientzero", "stochastic_muzero", "dqn", "pqn",
+                                       "sampled_muzero"],
                             "Registered agents to run, each with its default config (or, in "
                             "SHIPPED, its shipped config's settings).")
 _ENVS = flags.DEFINE_list("envs", list(CLASSIC + MINATAR), "envs_jax environments.")
