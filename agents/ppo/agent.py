@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 from types import MappingProxyType
 
-import jax.numpy as jnp
 import ml_collections
 import optax
 from ml_collections import config_dict
@@ -45,7 +44,7 @@ from agents.actor_critic import (
     init_learner_state,
     validate_hidden_sizes,
 )
-from agents.hparams import replace_hparams
+from agents.hparams import annealed_clipped_adam, replace_hparams
 from agents.popart import PopArtLearnerState, PopArtStats
 from agents.ppo import learning, networks
 from podracer.agent import Agent
@@ -113,25 +112,9 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
     with learning rate, epsilon and clipping norm held in the optimiser state; over the
     parameters raveled into one vector when `flat_optimizer` (the same maths: Adam is
     elementwise, and the clipping norm is the norm of that vector)."""
-    steps_per_update = config.num_epochs * config.num_minibatches
-    anneal = int(config.anneal_lr_updates)
-
-    def fraction(count: Array) -> Array:
-        if anneal <= 0:
-            return jnp.ones((), jnp.float32)
-        done = (count // steps_per_update).astype(jnp.float32)
-        return jnp.clip(1.0 - done / anneal, 0.0, 1.0)
-
-    def clipped_adam(learning_rate, adam_eps, max_grad_norm):
-        chain = optax.chain(
-            optax.clip_by_global_norm(max_grad_norm),
-            optax.scale_by_adam(eps=adam_eps),
-            optax.scale_by_schedule(fraction),
-            optax.scale_by_learning_rate(learning_rate),
-        )
-        return optax.flatten(chain) if config.flat_optimizer else chain
-
-    return optax.inject_hyperparams(clipped_adam)(
+    return annealed_clipped_adam(
+        steps_per_update=config.num_epochs * config.num_minibatches,
+        anneal_updates=int(config.anneal_lr_updates), flat=config.flat_optimizer,
         **{name: float(config[name]) for name in OPTIMIZER_HPARAMS})
 
 

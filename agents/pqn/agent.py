@@ -17,7 +17,7 @@ from agents.actor_critic import validate_hidden_sizes
 from agents.dqn import agent as dqn_agent
 from agents.dqn import learning as dqn_learning
 from agents.dqn import networks
-from agents.hparams import replace_hparams
+from agents.hparams import annealed_clipped_adam, replace_hparams
 from agents.pqn import learning
 from agents.pqn.learning import LearnConfig, LearnerState
 from podracer.agent import Agent
@@ -57,24 +57,9 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
     """Global-norm clipping then Adam, the step size annealed linearly to 0 over
     `anneal_lr_updates` learner steps (of num_epochs x num_minibatches updates each; constant
     within a step), with its hyperparameters held in the optimiser state."""
-    steps_per_update = config.num_epochs * config.num_minibatches
-    anneal = int(config.anneal_lr_updates)
-
-    def fraction(count: Array) -> Array:
-        if anneal <= 0:
-            return jnp.ones((), jnp.float32)
-        done = (count // steps_per_update).astype(jnp.float32)
-        return jnp.clip(1.0 - done / anneal, 0.0, 1.0)
-
-    def clipped_adam(learning_rate, adam_eps, max_grad_norm):
-        return optax.chain(
-            optax.clip_by_global_norm(max_grad_norm),
-            optax.scale_by_adam(eps=adam_eps),
-            optax.scale_by_schedule(fraction),
-            optax.scale_by_learning_rate(learning_rate),
-        )
-
-    return optax.inject_hyperparams(clipped_adam)(
+    return annealed_clipped_adam(
+        steps_per_update=config.num_epochs * config.num_minibatches,
+        anneal_updates=int(config.anneal_lr_updates),
         **{name: float(config[name]) for name in OPTIMIZER_HPARAMS})
 
 
