@@ -576,14 +576,18 @@ def test_muzero_runs_replicated_on_eight_devices():
     assert int(np.asarray(state.updates)[0]) > 0
 
 
-def test_muzero_sebulba_improves_on_cartpole():
-    """MuZero on envpool CartPole-v1 with Sebulba (actor device 0, learner device 1): over the
-    last 10K of 40K environment steps the mean episode return is >= 75; a uniformly random
-    policy scores about 22 and the first log line is near that."""
+@pytest.mark.parametrize("name, search", [("muzero", "muzero"), ("gumbel_muzero", "gumbel")])
+def test_muzero_sebulba_improves_on_cartpole(name, search):
+    """MuZero (PUCT, its default search) and the registered Gumbel MuZero, each on envpool
+    CartPole-v1 with Sebulba (actor device 0, learner device 1) at `muzero_cartpole.py`'s
+    settings: over the last 10K of 40K environment steps the mean episode return is >= 75; a
+    uniformly random policy scores about 22 and the first log line is near that (seed 0 here:
+    PUCT 206, Gumbel 346)."""
     import sebulba
     from experiments.configs import muzero_cartpole
 
     config = muzero_cartpole.get_config()
+    config.agent.name, config.agent.search = name, search
     config.actor_device_ids = (0,)
     config.learner_device_ids = (1,)
     result = sebulba.train(config)
