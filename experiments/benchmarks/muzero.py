@@ -1,10 +1,12 @@
 """Benchmark: MuZero search throughput and MuZero-Anakin speed, each next to the cost of the
 network forward passes alone, measured in the same run.
 
-- Search: simulations per second for a batch of roots, for `muzero_policy` (PUCT) and
-  `gumbel_muzero_policy`, next to the same forward passes (one representation + prediction,
-  then one dynamics + prediction per simulation) run in a scan with no tree: the difference is
-  the search's own overhead.
+- Search: simulations per second for a batch of roots, for `muzero_policy` (PUCT),
+  `gumbel_muzero_policy`, Stochastic MuZero's `stochastic_muzero_policy` (Catch, C = 4 chance
+  codes) and Sampled MuZero's search (Pendulum-v1, K sampled torques per node), all at the
+  MuZero Catch config's widths and the same simulations, each relative to PUCT's, next to
+  MuZero's forward passes (one representation + prediction, then one dynamics + prediction per
+  simulation) run in a scan with no tree: the difference is the search's own overhead.
 - Anakin: environment steps per second of the compiled MuZero-Anakin chunk on Catch (acting
   with search, replay insertion, updates) next to the acting network passes alone.
 - Learner: MuZero learner updates per second on the replay that run filled, with the target
@@ -13,6 +15,7 @@ network forward passes alone, measured in the same run.
   ("window", the width of computing targets for whole segments), same config, same run.
 
     python -m experiments.benchmarks.muzero [--roots=256] [--simulations=16]
+        [--searches=muzero,gumbel,stochastic,sampled3,sampled20] [--anakin=false]
 """
 
 from __future__ import annotations
@@ -26,23 +29,61 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
+import ml_collections
+
 import agents
 import envs_jax
-from agents import muzero
+from agents import muzero, sampled_muzero
 from experiments.benchmarks._ceiling import anakin_replay_chunk, best_call_time
 from experiments.configs import muzero_catch
+from experiments.configs.stochastic_muzero_catch import with_stochastic_agent
 
 _ROOTS = flags.DEFINE_integer("roots", 256, "Batch of search roots.")
 _SIMS = flags.DEFINE_integer("simulations", 16, "Simulations per search.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per figure (best is kept).")
 _LEARNER_UPDATES = flags.DEFINE_integer("learner_updates", 20, "Learner updates per timed call.")
 _TD_STEPS = flags.DEFINE_integer("td_steps", 0, "n of the learner figures; 0: the config's.")
+_SEARCHES = flags.DEFINE_list(
+    "searches", ["muzero", "gumbel", "stochastic", "sampled3", "sampled20"],
+    "Searches to time, PUCT first: muzero (PUCT), gumbel, stochastic, sampled<K>.")
+_ANAKIN = flags.DEFINE_bool("anakin", True,
+                             "Also time MuZero-Anakin and the learner (False: searches only).")
 _REANALYSE = flags.DEFINE_float("reanalyse_fraction", 0.0,
                                 "Share of each learner batch reanalysed, learner figures.")
 
 
 def _best(fn, *args):
     return best_call_time(fn, *args, repeats=_REPEATS.value)
+
+
+def _searches(muzero_config, env):
+    """(name, agent config, environment) of each search `--searches` names, at the widths and
+    simulations of `muzero_config` (MuZero's, on Catch): PUCT first, the others' figures are
+    relative to it."""
+    out = []
+    for name in _SEARCHES.value:
+        if name in ("muzero", "gumbel"):
+            config = muzero_config.copy_and_resolve_references()
+            config.search = name
+            out.append((f"MuZero, {'PUCT' if name == 'muzero' else 'Gumbel'}", config, env))
+        elif name == "stochastic":
+            holder = ml_collections.ConfigDict({"agent": muzero_config.copy_and_resolve_references(),
+                                                "rollout_length": muzero_config.rollout_length})
+            config = with_stochastic_agent(holder).copy_and_resolve_references()
+            config.num_chance_outcomes = 4
+            out.append(("Stochastic MuZero, C = 4", config, env))
+        elif name.startswith("sampled"):  # "sampled<K>": K actions sampled per node
+            k = int(name[len("sampled"):] or 20)
+            config = sampled_muzero.default_config()
+            for field in ("hidden_sizes", "latent_size", "num_simulations", "rollout_length"):
+                config[field] = muzero_config[field]
+            config.num_samples = k
+            pendulum = envs_jax.wrap_for_training(envs_jax.make("Pendulum-v1"))
+            out.append((f"Sampled MuZero, K = {k} (Pendulum)", config, pendulum))
+        else:
+            raise ValueError(f"--searches: unknown search {name!r}; choose from muzero, "
+                             "gumbel, stochastic, sampled<K>")
+    return out
 
 
 def main(argv):
@@ -85,16 +126,22 @@ def main(argv):
     forward_s = _best(make_forward_only(sims), params, obs)
     print(f"network passes alone ({b} roots x {sims} steps): "
           f"{b * sims / forward_s:>12,.0f} simulation-equivalents/s")
-    for search in ("muzero", "gumbel"):
-        agent_config.search = search
-        agent = agents.make(agent_config, spec)
-        state = agent.init(jax.random.PRNGKey(0), spec)
-        timestep = jax.vmap(lambda k: env.reset(k)[1])(jax.random.split(jax.random.PRNGKey(1), b))
+    puct_s = None
+    for name, search_config, search_env in _searches(agent_config, env):
+        search_spec = search_env.spec()
+        agent = agents.make(search_config, search_spec)
+        state = agent.init(jax.random.PRNGKey(0), search_spec)
+        timestep = jax.vmap(lambda k, e=search_env: e.reset(k)[1])(
+            jax.random.split(jax.random.PRNGKey(1), b))
         act = jax.jit(functools.partial(lambda a, p, t, k: a.actor_step(p, (), t, k)[0], agent))
         seconds = _best(act, agent.actor_params(state), timestep, jax.random.PRNGKey(2))
-        print(f"{search:>6} search ({b} roots x {sims} simulations): "
-              f"{b * sims / seconds:>12,.0f} simulations/s "
-              f"({100 * forward_s / seconds:.0f}% of the time in network passes)")
+        puct_s = puct_s or seconds
+        print(f"{name:>32} ({b} roots x {sims} simulations): "
+              f"{b * sims / seconds:>12,.0f} simulations/s, {puct_s / seconds:.2f} x PUCT's "
+              f"({100 * forward_s / seconds:.0f}% of the time in MuZero's network passes)")
+
+    if not _ANAKIN.value:
+        return
 
     # ANAKIN
     agent = agents.make(config.agent, spec)
