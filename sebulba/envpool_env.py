@@ -176,6 +176,16 @@ def _quiet_box_precision() -> Iterator[None]:
         yield
 
 
+def _observation_dtype(dtype: Any) -> np.dtype:
+    """float64 observations (envpool's MuJoCo tasks) arrive as float32, what the agents
+    compute in and what JAX makes of them without 64-bit mode; every other dtype as it is."""
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float64 else np.dtype(dtype)
+
+
+def _observations(obs: np.ndarray) -> np.ndarray:
+    return obs.astype(np.float32) if obs.dtype == np.float64 else obs
+
+
 def env_spec(task: str, options: Mapping[str, Any] | None = None) -> EnvSpec:
     """The agent-facing spec of `task` (observations in agent layout, see `to_agent_layout`)."""
     with _quiet_box_precision():
@@ -186,8 +196,8 @@ def env_spec(task: str, options: Mapping[str, Any] | None = None) -> EnvSpec:
                                                      act_space.low, act_space.high, "action")
     else:
         action = DiscreteSpec(int(act_space.n), np.int32, "action")
-    observation = ArraySpec(_agent_layout_shape(tuple(obs_space.shape)), obs_space.dtype,
-                            name="observation")
+    observation = ArraySpec(_agent_layout_shape(tuple(obs_space.shape)),
+                            _observation_dtype(obs_space.dtype), name="observation")
     return EnvSpec(observation=observation, action=action)
 
 
@@ -220,6 +230,7 @@ class EnvpoolEnv:
 
     def reset(self) -> TimeStep:
         obs, _ = self._env.reset()
+        obs = _observations(obs)
         self._last[:] = False
         self._game_over[:] = False
         self._return[:] = 0.0
@@ -235,6 +246,7 @@ class EnvpoolEnv:
 
     def step(self, action: np.ndarray) -> TimeStep:
         obs, reward, terminated, truncated, info = self._env.step(np.asarray(action))
+        obs = _observations(obs)
         reset = self._last  # these environments ignored `action` and started a new episode
         ended = (terminated | truncated) & ~reset
         step_type = np.where(reset, StepType.FIRST,

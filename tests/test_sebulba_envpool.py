@@ -225,3 +225,16 @@ def test_starting_an_envpool_environment_prints_no_box_precision_warning():
     messages = [str(w.message) for w in caught]
     assert not [m for m in messages if "precision lowered" in m], messages
     assert "a warning of the caller's own" in messages
+
+
+def test_mujoco_float64_observations_arrive_as_float32_as_the_spec_says():
+    # envpool's MuJoCo tasks observe in float64; agents compute in float32 and build their
+    # parameters from the spec, which asked JAX for float64 zeros (a warning at every start).
+    spec = envpool_env.env_spec("InvertedPendulum-v4")
+    assert spec.observation.dtype == np.float32
+    env = EnvpoolEnv("InvertedPendulum-v4", 2, seed=0)
+    first = env.reset()
+    step = env.step(np.zeros((2, 1), np.float32))
+    env.close()
+    assert first.observation.dtype == step.observation.dtype == np.float32
+    assert first.observation.shape == (2,) + spec.observation.shape
