@@ -38,6 +38,7 @@ import envpool
 import numpy as np
 
 from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, StepType, TimeStep
+from sebulba.host_env import as_observations, observation_dtype
 
 # Both protocols: 84x84 grey frames, max-pool over the last two of 4 repeated frames, a stack of
 # the last 4, and a game capped at 108K frames (27K agent steps), as in both papers.
@@ -176,16 +177,6 @@ def _quiet_box_precision() -> Iterator[None]:
         yield
 
 
-def _observation_dtype(dtype: Any) -> np.dtype:
-    """float64 observations (envpool's MuJoCo tasks) arrive as float32, what the agents
-    compute in and what JAX makes of them without 64-bit mode; every other dtype as it is."""
-    return np.dtype(np.float32) if np.dtype(dtype) == np.float64 else np.dtype(dtype)
-
-
-def _observations(obs: np.ndarray) -> np.ndarray:
-    return obs.astype(np.float32) if obs.dtype == np.float64 else obs
-
-
 def env_spec(task: str, options: Mapping[str, Any] | None = None) -> EnvSpec:
     """The agent-facing spec of `task` (observations in agent layout, see `to_agent_layout`)."""
     with _quiet_box_precision():
@@ -197,7 +188,7 @@ def env_spec(task: str, options: Mapping[str, Any] | None = None) -> EnvSpec:
     else:
         action = DiscreteSpec(int(act_space.n), np.int32, "action")
     observation = ArraySpec(_agent_layout_shape(tuple(obs_space.shape)),
-                            _observation_dtype(obs_space.dtype), name="observation")
+                            observation_dtype(obs_space.dtype), name="observation")
     return EnvSpec(observation=observation, action=action)
 
 
@@ -230,7 +221,7 @@ class EnvpoolEnv:
 
     def reset(self) -> TimeStep:
         obs, _ = self._env.reset()
-        obs = _observations(obs)
+        obs = as_observations(obs)
         self._last[:] = False
         self._game_over[:] = False
         self._return[:] = 0.0
@@ -246,7 +237,7 @@ class EnvpoolEnv:
 
     def step(self, action: np.ndarray) -> TimeStep:
         obs, reward, terminated, truncated, info = self._env.step(np.asarray(action))
-        obs = _observations(obs)
+        obs = as_observations(obs)
         reset = self._last  # these environments ignored `action` and started a new episode
         ended = (terminated | truncated) & ~reset
         step_type = np.where(reset, StepType.FIRST,

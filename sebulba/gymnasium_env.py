@@ -45,6 +45,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, StepType, TimeStep
+from sebulba.host_env import as_observations, observation_dtype
 
 # gymnasium's autoreset modes by their config values (`sebulba.host_env.AUTORESET_MODES`, which
 # the config validates against, lists the same; a test keeps the two equal).
@@ -87,20 +88,9 @@ def env_spec(gym_id: str, kwargs: Mapping[str, Any] | None = None) -> EnvSpec:
         env.close()
     if isinstance(observation, DiscreteSpec):
         raise TypeError(f"the observation space {env.observation_space} is not a Box")
-    observation = ArraySpec(observation.shape, _observation_dtype(observation.dtype),
+    observation = ArraySpec(observation.shape, observation_dtype(observation.dtype),
                             name="observation")
     return EnvSpec(observation=observation, action=action)
-
-
-def _observation_dtype(dtype: Any) -> np.dtype:
-    """float64 observations (gymnasium's default for a `Box`) arrive as float32, what the
-    agents compute in; every other dtype as it is."""
-    return np.dtype(np.float32) if np.dtype(dtype) == np.float64 else np.dtype(dtype)
-
-
-def _observations(obs: Any) -> np.ndarray:
-    obs = np.asarray(obs)
-    return obs.astype(np.float32) if obs.dtype == np.float64 else obs
 
 
 def run_description(gym_id: str, kwargs: Mapping[str, Any], num_workers: int,
@@ -346,7 +336,7 @@ class GymnasiumEnv:
         self._length = np.zeros(n, np.int32)
         return TimeStep(step_type=np.full(n, StepType.FIRST, np.int32),
                         reward=np.zeros(n, np.float32), discount=np.ones(n, np.float32),
-                        observation=_observations(obs), extras=self._extras(self._last))
+                        observation=as_observations(obs), extras=self._extras(self._last))
 
     def step(self, action: np.ndarray) -> TimeStep:
         reset = self._last  # these environments ignore `action` and start a new episode
@@ -354,7 +344,7 @@ class GymnasiumEnv:
         if self.autoreset_mode == "disabled" and any_reset:
             self._env.reset(options={"reset_mask": reset.copy()})  # held for this step
         obs, reward, terminated, truncated, final = self._env.step(np.asarray(action))
-        obs = _observations(obs)
+        obs = as_observations(obs)
         reward = np.asarray(reward, np.float32)
         terminated = np.asarray(terminated, bool)
         ended = terminated | np.asarray(truncated, bool)

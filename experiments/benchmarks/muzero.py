@@ -27,9 +27,8 @@ import time
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
-
 import ml_collections
+from absl import app, flags
 
 import agents
 import envs_jax
