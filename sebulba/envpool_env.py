@@ -38,7 +38,7 @@ import envpool
 import numpy as np
 
 from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, StepType, TimeStep
-from sebulba.host_env import as_observations, observation_dtype
+from sebulba.observations import as_observations, observation_dtype
 
 # Both protocols: 84x84 grey frames, max-pool over the last two of 4 repeated frames, a stack of
 # the last 4, and a game capped at 108K frames (27K agent steps), as in both papers.

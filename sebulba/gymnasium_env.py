@@ -45,7 +45,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, StepType, TimeStep
-from sebulba.host_env import as_observations, observation_dtype
+from sebulba.observations import as_observations, observation_dtype
 
 # gymnasium's autoreset modes by their config values (`sebulba.host_env.AUTORESET_MODES`, which
 # the config validates against, lists the same; a test keeps the two equal).

@@ -23,8 +23,6 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import numpy as np
-
 from podracer.types import EnvSpec, TimeStep
 
 KINDS = ("envpool", "gymnasium", "envs_jax")
@@ -45,19 +43,6 @@ class HostEnv(Protocol):
     def step(self, action: Any) -> TimeStep: ...
 
     def close(self) -> None: ...
-
-
-def observation_dtype(dtype: Any) -> np.dtype:
-    """The dtype in which a host environment's observations of `dtype` reach the agent:
-    float64 (gymnasium's default for a `Box`, envpool's MuJoCo tasks) as float32, what the
-    agents compute in and what JAX makes of it without 64-bit mode; any other as it is."""
-    return np.dtype(np.float32) if np.dtype(dtype) == np.float64 else np.dtype(dtype)
-
-
-def as_observations(obs: Any) -> np.ndarray:
-    """`obs` as a numpy array of `observation_dtype(obs.dtype)`."""
-    obs = np.asarray(obs)
-    return obs.astype(np.float32) if obs.dtype == np.float64 else obs
 
 
 def parse_task(task: str) -> tuple[str, str]:
