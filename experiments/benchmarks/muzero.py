@@ -59,6 +59,8 @@ def _searches(muzero_config, env):
     """(name, agent config, environment) of each search `--searches` names, at the widths and
     simulations of `muzero_config` (MuZero's, on Catch): PUCT first, the others' figures are
     relative to it."""
+    if _SEARCHES.value[:1] != ["muzero"]:
+        raise ValueError("--searches: put muzero (PUCT) first; the others are timed against it")
     out = []
     for name in _SEARCHES.value:
         if name in ("muzero", "gumbel"):
