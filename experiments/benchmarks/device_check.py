@@ -22,6 +22,7 @@ On a CPU, importing the Sebulba benchmark's parts makes two simulated CPU device
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -314,9 +315,20 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def versions() -> dict[str, str]:
+    """The installed versions of the packages the figures depend on (and Python's)."""
+    found = {"python": platform.python_version()}
+    for name in ("jax", "jaxlib", "flax", "optax", "chex", "mctx", "rlax", "numpy", "envpool"):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
 def run(out: str, smoke: bool) -> dict[str, Any]:
-    """Runs every part, writes `out`/device_check.json and device_check.md; returns the
-    results."""
+    """Runs every part, writes `out`/device_check.json and device_check.md after each (`write`);
+    returns the results."""
     if smoke:
         # The smoke run checks that every part's code runs, not its speed: XLA's cheapest
         # compilation (most of its time is compiling).
@@ -330,7 +342,7 @@ def run(out: str, smoke: bool) -> dict[str, Any]:
                     "device_kind": devices[0].device_kind,
                     "processor": platform.processor() or platform.machine(),
                     "load_average": os.getloadavg()[0]},
-        "versions": {"jax": jax.__version__, "envpool": envpool_env.envpool.__version__},
+        "versions": versions(),
         "derived_sizes": {
             "sebulba": sebulba_config.derive_sizes(machine).fields(),
             "anakin_num_envs": anakin.config.derive_num_envs(machine, len(devices))},
@@ -343,12 +355,16 @@ def run(out: str, smoke: bool) -> dict[str, Any]:
         part = results["parts"][name]
         print(f"# {name}: {part['status']} in {part['seconds']:.1f}s {part['reason']}",
               flush=True)
-    markdown = table(results)
+        write(out, results)  # after every part: a check stopped from outside keeps what ran
+    return results
+
+
+def write(out: str, results: dict[str, Any]) -> None:
+    """`out`/device_check.json and device_check.md, as far as the check has got."""
     with open(os.path.join(out, "device_check.json"), "w") as f:
         json.dump(results, f, indent=2, default=str)
     with open(os.path.join(out, "device_check.md"), "w") as f:
-        f.write(markdown + "\n")
-    return results
+        f.write(table(results) + "\n")
 
 
 def main(argv):
