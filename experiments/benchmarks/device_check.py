@@ -5,14 +5,16 @@ Parts (each with a time cap; a part whose cap is spent skips its remaining point
 that fails is reported as failed, so that the check always finishes and writes its files):
   anakin_catch    Anakin V-trace on Catch at 256 and 4,096 envs per device, against the
                   environment alone in the same scan structure (`_ceiling.py`)
-  muzero_search   MuZero's PUCT and Gumbel searches: simulations/s and the share of their time
-                  spent in the network passes alone (as `muzero.py`)
+  muzero_search   MuZero's PUCT and Gumbel searches at 256, 1,024 and 4,096 roots:
+                  simulations/s and the share of their time spent in the network passes alone
+                  (as `muzero.py`)
   muzero_learner  MuZero-Anakin on Catch (acting with search, replay, updates) and its learner
                   updates alone
   sebulba_pong    Sebulba V-trace on Pong (envpool Atari, IMPALA protocol) at the sizes derived
-                  from the machine and at 2 threads x 16 envs, each against envpool alone with the
-                  same batches and threads, with the end-to-end run's shares of time; skipped
-                  with the reason when envpool's Atari games cannot be made
+                  from the machine, at 2 threads x 16 envs, then more threads and larger actor
+                  batches (`SEBULBA_POINTS`), each against envpool alone with the same batches
+                  and threads, with the end-to-end run's shares of time; skipped with the reason
+                  when envpool's Atari games cannot be made
 
     python -m experiments.benchmarks.device_check [--out=DIR]    # at most 8 minutes on a GPU
     python -m experiments.benchmarks.device_check --smoke         # tiny sizes, CPU, < 1 minute
@@ -62,8 +64,16 @@ _SMOKE = flags.DEFINE_bool("smoke", False, "Every part at tiny sizes (CPU, under
 
 # Seconds each part may start new measurements for (a compile or measurement under way
 # finishes): together at most 8 minutes with start-up.
-CAPS_S = {"anakin_catch": 90.0, "muzero_search": 60.0, "muzero_learner": 60.0,
-          "sebulba_pong": 200.0}
+CAPS_S = {"anakin_catch": 60.0, "muzero_search": 60.0, "muzero_learner": 45.0,
+          "sebulba_pong": 240.0}
+# Roots per search (the first is the MuZero benchmark's).
+SEARCH_ROOTS = (256, 1024, 4096)
+# Sebulba's points, in the order they run until the cap: the derived sizes and the Pong
+# config's, then the paper's Figure 4b directions, more actor threads and larger batches (envpool
+# threads follow from the machine: the cores left after the actor threads and the learner).
+SEBULBA_POINTS = {"derived from the machine": (0, 0), "2 threads x 16 envs": (2, 16),
+                  "4 threads x 64 envs": (4, 64), "4 threads x 128 envs": (4, 128),
+                  "2 threads x 256 envs": (2, 256)}
 PARTS = tuple(CAPS_S)
 ROW_KEYS = ("part", "setting", "figure", "unit", "against", "against_figure", "ratio")
 
@@ -127,13 +137,12 @@ def muzero_search(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
     config = muzero_catch.get_config()
     env = envs_jax.wrap_for_training(envs_jax.make(config.env.name))
     spec = env.spec()
-    roots, sims, repeats = (4, 2, 1) if smoke else (256, 16, 3)
+    sims, repeats = (2, 1) if smoke else (16, 3)
     agent_config = config.agent.copy_and_resolve_references()
     agent_config.num_simulations = sims
     network = muzero.make_network(agent_config, spec)
     params = network.init(jax.random.PRNGKey(0), jnp.zeros((1,) + spec.observation.shape),
                           jnp.zeros((1,), jnp.int32))
-    timestep = jax.vmap(lambda k: env.reset(k)[1])(jax.random.split(jax.random.PRNGKey(1), roots))
 
     @jax.jit
     def forward_only(params, obs):  # the passes of one search, no tree
@@ -148,23 +157,30 @@ def muzero_search(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
         actions = jnp.zeros((sims, obs.shape[0]), jnp.int32)
         return jax.lax.scan(body, latent, actions)[1].sum() + out[0].sum()
 
-    forward_s = best_call_time(forward_only, params, timestep.observation, repeats=repeats)
-    rows, skipped = [], []
+    acts = {}
     for search in ("muzero", "gumbel"):
-        if budget.spent():
-            skipped.append(f"{search} search: time cap")
-            continue
         agent_config.search = search
         agent = agents.make(agent_config, spec)
         state = agent.init(jax.random.PRNGKey(0), spec)
-        act = jax.jit(lambda p, t, k, agent=agent: agent.actor_step(p, (), t, k)[0])
-        seconds = best_call_time(act, agent.actor_params(state), timestep,
-                                 jax.random.PRNGKey(2), repeats=repeats)
-        # figure / against = the share of the search's time spent in the network passes.
-        rows.append(_row("muzero_search", f"{search} ({roots} roots x {sims} simulations)",
-                         roots * sims / seconds, "simulations/s",
-                         "network passes alone (ratio: share of time in them)",
-                         roots * sims / forward_s))
+        acts[search] = (jax.jit(lambda p, t, k, agent=agent: agent.actor_step(p, (), t, k)[0]),
+                        agent.actor_params(state))
+    rows, skipped = [], []
+    # More roots per search: does the share of the time in network passes grow with the batch?
+    for roots in (4,) if smoke else SEARCH_ROOTS:
+        if budget.spent():
+            skipped.append(f"{roots} roots: time cap")
+            continue
+        timestep = jax.vmap(lambda k: env.reset(k)[1])(
+            jax.random.split(jax.random.PRNGKey(1), roots))
+        forward_s = best_call_time(forward_only, params, timestep.observation, repeats=repeats)
+        for search, (act, actor_params) in acts.items():
+            seconds = best_call_time(act, actor_params, timestep, jax.random.PRNGKey(2),
+                                     repeats=repeats)
+            # figure / against = the share of the search's time spent in the network passes.
+            rows.append(_row("muzero_search", f"{search} ({roots} roots x {sims} simulations)",
+                             roots * sims / seconds, "simulations/s",
+                             "network passes alone (ratio: share of time in them)",
+                             roots * sims / forward_s))
     return rows, skipped
 
 
@@ -237,8 +253,7 @@ def sebulba_pong(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
     if smoke:
         base.agent.torso = "conv"
         base.rollout_length = 2
-    variants = ({"2 threads x 2 envs": (2, 2)} if smoke else
-                {"derived from the machine": (0, 0), "2 threads x 16 envs": (2, 16)})
+    variants = {"2 threads x 2 envs": (2, 2)} if smoke else SEBULBA_POINTS
     options = envpool_env.make_options(base.env.task, base.env.protocol, base.env.kwargs)
     rows, skipped = [], []
     for name, (threads, envs) in variants.items():
