@@ -60,14 +60,16 @@ def make_rollout(agent: Agent, env: envs_jax.Environment, rollout_length: int) -
             actor_state, env_state, timestep = carry
             action, actor_state, extras = agent.actor_step(params, actor_state, timestep, key)
             env_state, next_timestep = jax.vmap(env.step)(env_state, action)
-            return (actor_state, env_state, next_timestep), (timestep, action, extras)
+            return (actor_state, env_state, next_timestep), (next_timestep, action, extras)
 
         keys = jax.random.split(key, rollout_length)
-        (actor_state, env_state, last), (timesteps, actions, extras) = jax.lax.scan(
+        (actor_state, env_state, last), (new_timesteps, actions, extras) = jax.lax.scan(
             body, (actor_state, env_state, timestep), keys
         )
+        # o_0, then the scan's o_1 .. o_T: the loop emits the timestep it makes, rather than
+        # the one it carried in, so it needs no copy of the carried one per step.
         all_timesteps = jax.tree.map(
-            lambda xs, x: jnp.concatenate([xs, x[None]], axis=0), timesteps, last
+            lambda x, xs: jnp.concatenate([x[None], xs], axis=0), timestep, new_timesteps
         )
         trajectory = Trajectory(timestep=all_timesteps, action=actions, extras=extras)
         return trajectory, actor_state, env_state, last
