@@ -18,4 +18,4 @@ def observation_dtype(dtype: Any) -> np.dtype:
 def as_observations(obs: Any) -> np.ndarray:
     """`obs` as a numpy array of `observation_dtype(obs.dtype)`."""
     obs = np.asarray(obs)
-    return obs.astype(np.float32) if obs.dtype == np.float64 else obs
+    return obs.astype(observation_dtype(obs.dtype), copy=False)

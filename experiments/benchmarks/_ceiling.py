@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 import anakin
 from podracer import replication
@@ -87,3 +88,24 @@ def anakin_replay_chunk(agent, env, config) -> tuple[Callable, Any, int]:
     chunk = jax.jit(chunk)
     state, _ = chunk(state)
     return chunk, state, config.updates_per_chunk * config.rollout_length * n
+
+
+def muzero_passes(network, steps: int) -> Callable:
+    """A jitted `f(params, obs)` that makes the network passes of one MuZero search of `steps`
+    simulations over the roots `obs` and nothing else (one representation and prediction, then
+    one dynamics and prediction per simulation, no tree): the searches' ceiling."""
+
+    @jax.jit
+    def passes(params, obs):
+        latent = network.apply(params, obs, method="represent")
+        out = network.apply(params, latent, method="predict")
+
+        def body(latent, action):
+            _, latent = network.apply(params, latent, action, method="dynamics")
+            logits, value = network.apply(params, latent, method="predict")
+            return latent, logits.sum() + value.sum()
+
+        actions = jnp.zeros((steps, obs.shape[0]), jnp.int32)
+        return jax.lax.scan(body, latent, actions)[1].sum() + out[0].sum()
+
+    return passes

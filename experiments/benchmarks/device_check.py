@@ -51,6 +51,7 @@ from experiments.benchmarks._ceiling import (
     best_call_time,
     best_time,
     env_ceiling_seconds,
+    muzero_passes,
 )
 from experiments.configs import muzero_catch, sebulba_vtrace_atari, vtrace_catch
 from podracer import machine as machine_lib
@@ -144,18 +145,7 @@ def muzero_search(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
     params = network.init(jax.random.PRNGKey(0), jnp.zeros((1,) + spec.observation.shape),
                           jnp.zeros((1,), jnp.int32))
 
-    @jax.jit
-    def forward_only(params, obs):  # the passes of one search, no tree
-        latent = network.apply(params, obs, method="represent")
-        out = network.apply(params, latent, method="predict")
-
-        def body(latent, action):
-            _, latent = network.apply(params, latent, action, method="dynamics")
-            logits, value = network.apply(params, latent, method="predict")
-            return latent, logits.sum() + value.sum()
-
-        actions = jnp.zeros((sims, obs.shape[0]), jnp.int32)
-        return jax.lax.scan(body, latent, actions)[1].sum() + out[0].sum()
+    forward_only = muzero_passes(network, sims)
 
     acts = {}
     for search in ("muzero", "gumbel"):

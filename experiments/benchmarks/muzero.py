@@ -33,7 +33,7 @@ from absl import app, flags
 import agents
 import envs_jax
 from agents import muzero, sampled_muzero
-from experiments.benchmarks._ceiling import anakin_replay_chunk, best_call_time
+from experiments.benchmarks._ceiling import anakin_replay_chunk, best_call_time, muzero_passes
 from experiments.configs import muzero_catch
 from experiments.configs.stochastic_muzero_catch import with_stochastic_agent
 
@@ -109,22 +109,7 @@ def main(argv):
                           jnp.zeros((1,), jnp.int32))
     obs = jax.vmap(lambda k: env.reset(k)[1].observation)(jax.random.split(jax.random.PRNGKey(1), b))
 
-    def make_forward_only(steps):
-        return jax.jit(lambda params, obs: forward_only(params, obs, steps))
-
-    def forward_only(params, obs, steps):
-        latent = network.apply(params, obs, method="represent")
-        out = network.apply(params, latent, method="predict")
-
-        def body(latent, action):
-            _, latent = network.apply(params, latent, action, method="dynamics")
-            logits, value = network.apply(params, latent, method="predict")
-            return latent, (logits.sum() + value.sum())
-
-        actions = jnp.zeros((steps, obs.shape[0]), jnp.int32)
-        return jax.lax.scan(body, latent, actions)[1].sum() + out[0].sum()
-
-    forward_s = _best(make_forward_only(sims), params, obs)
+    forward_s = _best(muzero_passes(network, sims), params, obs)
     print(f"network passes alone ({b} roots x {sims} steps): "
           f"{b * sims / forward_s:>12,.0f} simulation-equivalents/s")
     puct_s = None
@@ -155,7 +140,7 @@ def main(argv):
         jax.block_until_ready(metrics)
         best = min(best, time.perf_counter() - start)
     acting_sims = config.agent.num_simulations
-    acting_s = _best(make_forward_only(acting_sims), params, obs[:n])
+    acting_s = _best(muzero_passes(network, acting_sims), params, obs[:n])
     print(f"MuZero-Anakin on Catch ({n} envs, {config.agent.num_simulations} simulations, "
           f"{config.agent.updates_per_step} x {config.agent.batch_size} updates/step): "
           f"{steps / best:>10,.0f} env steps/s")
