@@ -41,9 +41,9 @@ def default_config() -> ml_collections.ConfigDict:
     environments; docs/dqn.md)."""
     c = ml_collections.ConfigDict()
     c.name = "dqn"  # the registered agent name
-    c.torso = "auto"  # "auto" | "mlp" | "conv"; "auto": conv on images >= 36 x 36
-    c.hidden_sizes = (128, 128)  # the MLP torso's layer sizes; None: the observations' default
-    c.layer_norm = False  # LayerNorm before each ReLU of the MLP torso
+    c.torso = "auto"  # "auto" | "mlp" | "conv" | "board_conv"; "auto": conv on images >= 36 x 36
+    c.hidden_sizes = (128, 128)  # dense layer sizes (MLP, board_conv); None: the default
+    c.layer_norm = False  # LayerNorm before each ReLU of the MLP and board_conv torsos
     c.head = "q"  # "q": one value per action; "c51": a categorical return distribution
     c.num_atoms = 51  # "c51": atoms of the support
     c.v_min = -10.0  # "c51": the smallest return of the support

@@ -1,5 +1,6 @@
 """The DQN family's Q-networks: a torso (an MLP, optionally with LayerNorm before each ReLU as
-in PQN; or the DQN conv torso for images) and a head of one value per action ("q") or a
+in PQN; the DQN conv torso for images; or `"board_conv"`, one small convolution for boards such
+as MinAtar's) and a head of one value per action ("q") or a
 categorical distribution over `num_atoms` fixed returns per action ("c51", Bellemare et al.,
 2017)."""
 
@@ -14,10 +15,12 @@ import ml_collections
 
 from agents.actor_critic import mlp_hidden_sizes
 from agents.vtrace.networks import ConvTorso, _as_float, resolve_torso
+from podracer.config import ConfigError
 from podracer.types import Array, EnvSpec
 
 HEADS = ("q", "c51")
-TORSOS = ("auto", "mlp", "conv")
+TORSOS = ("auto", "mlp", "conv", "board_conv")
+BOARD_CONV_HIDDEN_SIZES = (128,)  # "board_conv"'s dense layers when `hidden_sizes` is None
 
 
 class LayerNormMLP(nn.Module):
@@ -34,6 +37,30 @@ class LayerNormMLP(nn.Module):
             if self.layer_norm:
                 x = nn.LayerNorm()(x)
             x = nn.relu(x)
+        return x
+
+
+class BoardConvTorso(nn.Module):
+    """[B, H, W, C] boards -> one 3 x 3 convolution of `channels` (no padding), then dense
+    layers, each followed by LayerNorm (optional) and ReLU, He-initialised: the MinAtar
+    paper's network (Young & Tian, 2019), with LayerNorm as PQN uses it there."""
+
+    channels: int = 16
+    hidden_sizes: Sequence[int] = BOARD_CONV_HIDDEN_SIZES
+    layer_norm: bool = False
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        init = nn.initializers.he_normal()
+
+        def norm_relu(y):
+            return nn.relu(nn.LayerNorm()(y) if self.layer_norm else y)
+
+        x = norm_relu(nn.Conv(self.channels, (3, 3), padding="VALID", kernel_init=init)(
+            _as_float(x)))
+        x = x.reshape(x.shape[0], -1)
+        for size in self.hidden_sizes:
+            x = norm_relu(nn.Dense(size, kernel_init=init)(x))
         return x
 
 
@@ -67,6 +94,15 @@ def make_network(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> QNetwo
     torso_name = resolve_torso(config.torso, env_spec)
     if torso_name == "conv":
         torso = ConvTorso()
+    elif torso_name == "board_conv":
+        shape = tuple(env_spec.observation.shape)
+        if len(shape) != 3 or min(shape[:2]) < 3:
+            raise ConfigError("agent.torso", f"'board_conv' needs [H, W, C] boards of at least "
+                              f"3 x 3, the observations are {shape}", "use 'mlp' or 'auto'")
+        sizes = config.hidden_sizes
+        torso = BoardConvTorso(
+            hidden_sizes=BOARD_CONV_HIDDEN_SIZES if sizes is None else tuple(map(int, sizes)),
+            layer_norm=bool(config.layer_norm))
     else:
         torso = LayerNormMLP(mlp_hidden_sizes(config.hidden_sizes, env_spec),
                              layer_norm=bool(config.layer_norm))

@@ -33,9 +33,9 @@ def default_config() -> ml_collections.ConfigDict:
     """PQN's hyperparameters, one comment per field (values for small vector environments)."""
     c = ml_collections.ConfigDict()
     c.name = "pqn"  # the registered agent name
-    c.torso = "auto"  # "auto" | "mlp" | "conv"; "auto": conv on images >= 36 x 36
-    c.hidden_sizes = (128, 128)  # the MLP torso's layer sizes; None: the observations' default
-    c.layer_norm = True  # LayerNorm before each ReLU of the MLP torso (PQN's stabiliser)
+    c.torso = "auto"  # "auto" | "mlp" | "conv" | "board_conv"; "auto": conv on images >= 36 x 36
+    c.hidden_sizes = (128, 128)  # dense layer sizes (MLP, board_conv); None: the default
+    c.layer_norm = True  # LayerNorm before each ReLU (MLP, board_conv): PQN's stabiliser
     c.learning_rate = 1e-4  # Adam step size at the start
     # Learner steps over which the step size falls linearly to 0; 0 = constant. Configs tie
     # it to the run length with field references (as PPO's `anneal_lr_updates`).

@@ -10,9 +10,10 @@ Every (agent, environment) pair is one Anakin run of `anakin.default_config()` w
 set: nothing is tuned per environment. The value-based agents (`dqn`, `pqn`; `SHIPPED`) run
 instead with the runner's and the agent's settings of their shipped CartPole config (for DQN
 8 environments x T = 8 into one replay, 2 updates per step, LayerNorm and a target copy
-every 100 updates; for PQN 32 x 64, 16 minibatches, 256 wide, lambda 0.95, rewards x 0.1),
-their epsilon (and PQN's step size) annealed over the same fraction of the run as there,
-whatever the budget. Sampled MuZero (continuous actions only: Pendulum) runs with its shipped
+every 100 updates; for PQN 32 x 64, 16 minibatches, 256 wide, lambda 0.95, rewards x 0.1), or
+on MinAtar of their shipped MinAtar config where there is one (`SHIPPED_MINATAR`: PQN's
+`pqn_minatar.py`, its reference's MinAtar settings), their epsilon (and PQN's step size)
+annealed over the same fraction of the run as there, whatever the budget. Sampled MuZero (continuous actions only: Pendulum) runs with its shipped
 Pendulum config's (16 environments x T = 16, rewards scaled by 0.1). The seeds run as one
 vmapped sweep (one compiled program, `config.sweep.seeds`). A pair whose action space the
 agent cannot act in (a discrete-action agent on Pendulum, Sampled MuZero on a discrete one) is
@@ -63,6 +64,8 @@ MODEL_FREE = ("vtrace", "ppo", "dqn", "pqn")  # 10M steps on MinAtar
 # value support (the default's 1.0 does not).
 SHIPPED = {"dqn": "experiments.configs.dqn_cartpole", "pqn": "experiments.configs.pqn_cartpole",
            "sampled_muzero": "experiments.configs.sampled_muzero_pendulum"}
+# On MinAtar, where an agent ships a MinAtar config, that one instead.
+SHIPPED_MINATAR = {"pqn": "experiments.configs.pqn_minatar"}
 # Agents that act in continuous action spaces only (skipped on discrete ones).
 CONTINUOUS_ONLY = ("sampled_muzero",)
 # The runner's fields taken from a shipped config: how many environments feed each learner
@@ -121,7 +124,8 @@ def pair_config(agent: str, env: str, seeds: Sequence[int], total_env_steps: int
     config = anakin.default_config()
     config.agent = agents.default_config(agent)
     if agent in SHIPPED:
-        shipped = importlib.import_module(SHIPPED[agent]).get_config()
+        module = SHIPPED_MINATAR.get(agent) if env in MINATAR else None
+        shipped = importlib.import_module(module or SHIPPED[agent]).get_config()
         for field in SHIPPED_RUNNER_FIELDS:
             config[field] = shipped[field]
         config.agent = shipped.agent
