@@ -1,12 +1,17 @@
 """PQN: its Q(lambda) targets against a hand-worked trajectory (cut at an episode's end), one
-minibatch loss by hand, and the conformance check."""
+minibatch loss by hand, the board_conv network against a hand computation, and the
+conformance check."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import agents
 from agents import pqn
-from agents.dqn import losses
+from agents.dqn import losses, networks
+from podracer.config import ConfigError
+from podracer.types import ArraySpec, DiscreteSpec, EnvSpec
 
 
 def test_q_lambda_targets_are_the_hand_worked_ones_and_stop_at_an_episode_end():
@@ -92,3 +97,41 @@ def test_the_step_size_falls_linearly_to_zero_over_anneal_lr_updates():
         steps.append(float(-updates))
     # Learner step 0 at the full rate, learner step 1 at half, then none.
     np.testing.assert_allclose(steps, [0.1, 0.1, 0.05, 0.05, 0.0, 0.0], rtol=1e-4, atol=1e-9)
+
+
+def _layer_norm(x, scale, bias, eps=1e-6):
+    mean = x.mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(x.var(-1, keepdims=True) + eps) * scale + bias
+
+
+def test_board_conv_network_is_one_3x3_conv_then_dense_layers_with_layer_norm():
+    spec = EnvSpec(observation=ArraySpec((10, 10, 4), np.float32), action=DiscreteSpec(3))
+    config = pqn.default_config()
+    config.torso, config.hidden_sizes = "board_conv", (128,)
+    network = networks.make_network(config, spec)
+    x = np.asarray(jax.random.bernoulli(jax.random.PRNGKey(0), 0.3, (2, 10, 10, 4)), np.float32)
+    params = network.init(jax.random.PRNGKey(1), x)
+    p = jax.tree.map(np.asarray, params["params"])
+    conv, ln0 = p["torso"]["Conv_0"], p["torso"]["LayerNorm_0"]
+    dense, ln1, head = p["torso"]["Dense_0"], p["torso"]["LayerNorm_1"], p["Dense_0"]
+    assert conv["kernel"].shape == (3, 3, 4, 16) and dense["kernel"].shape == (8 * 8 * 16, 128)
+    assert head["kernel"].shape == (128, 3)
+    # By hand: a VALID 3 x 3 convolution (8 x 8 outputs), LayerNorm over the 16 channels of
+    # each cell, ReLU; flattened row by row; dense, LayerNorm, ReLU; the head.
+    h = np.zeros((2, 8, 8, 16), np.float32)
+    for i in range(8):
+        for j in range(8):
+            patch = x[:, i:i + 3, j:j + 3, :]
+            h[:, i, j] = np.einsum("bklc,klco->bo", patch, conv["kernel"]) + conv["bias"]
+    h = np.maximum(_layer_norm(h, ln0["scale"], ln0["bias"]), 0).reshape(2, -1)
+    h = np.maximum(_layer_norm(h @ dense["kernel"] + dense["bias"], ln1["scale"], ln1["bias"]), 0)
+    q, _ = network.apply(params, x)
+    np.testing.assert_allclose(q, h @ head["kernel"] + head["bias"], rtol=1e-4, atol=1e-5)
+
+
+def test_board_conv_on_observations_that_are_not_boards_names_the_field():
+    config = pqn.default_config()
+    config.torso = "board_conv"
+    spec = EnvSpec(observation=ArraySpec((4,), np.float32), action=DiscreteSpec(2))
+    with pytest.raises(ConfigError, match=r"agent\.torso.*'board_conv' needs \[H, W, C\] boards"):
+        networks.make_network(config, spec)

@@ -133,6 +133,21 @@ def test_value_agents_take_their_cartpole_configs_settings_with_schedules_scaled
     assert dqn.layer_norm and dqn.target_update_interval == 100 and dqn.replay_ratio == 2
 
 
+def test_pqn_on_minatar_takes_its_minatar_configs_settings():
+    from experiments.configs import pqn_minatar
+    shipped = pqn_minatar.get_config()
+    config = suite.pair_config("pqn", "gymnax:Freeway-MinAtar", (0, 1, 2), 1_000_000)
+    assert (config.num_envs, config.rollout_length) == (128, 32)
+    # pqn_minatar: 10M // 4,096 = 2,441 learner steps, epsilon over 244 of them (10%); 1M //
+    # 4,096 = 244, 10% of them: 24, and the step size over all 244.
+    expected = shipped.agent.to_dict()
+    expected.update(epsilon_anneal_steps=24, anneal_lr_updates=244)
+    assert config.agent.to_dict() == expected
+    assert config.agent.torso == "board_conv" and config.agent.lambda_ == 0.65
+    # Elsewhere PQN keeps its CartPole config's settings.
+    assert suite.pair_config("pqn", "Acrobot-v1", (0,), 1_000_000).num_envs == 32
+
+
 def test_tiny_run_of_each_value_agent(tmp_path):
     out = str(tmp_path / "results")
     # Two of PQN's learner steps (32 envs x T = 64); 64 of DQN's (8 x 8), past its warm-up of
