@@ -135,3 +135,17 @@ def test_board_conv_on_observations_that_are_not_boards_names_the_field():
     spec = EnvSpec(observation=ArraySpec((4,), np.float32), action=DiscreteSpec(2))
     with pytest.raises(ConfigError, match=r"agent\.torso.*'board_conv' needs \[H, W, C\] boards"):
         networks.make_network(config, spec)
+
+
+def test_pqn_minatar_config_builds_the_minatar_network_for_breakouts_boards():
+    from experiments.configs import pqn_minatar
+    from podracer.agent import parameter_count
+
+    config = pqn_minatar.get_config()
+    spec = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(3))
+    agent = agents.make(config.agent, spec)
+    # conv 3*3*4*16 + 16, LayerNorm 2*16, dense 8*8*16*128 + 128, LayerNorm 2*128, head 128*3 + 3
+    assert parameter_count(agent, spec) == 592 + 32 + 131_200 + 256 + 387
+    updates = 10_000_000 // (128 * 32)
+    assert config.agent.anneal_lr_updates == updates  # the step size reaches 0 at the end
+    assert config.agent.epsilon_anneal_steps == updates // 10
