@@ -241,7 +241,7 @@ def _finish_run(plan: RunPlan, session: RunSession, records: workdir_lib.Records
     final = history[-1] if history else {}
     if plan.is_main:
         print_end_of_run(
-            final, interrupted=outcome.interrupted, signal_received=outcome.signal_received,
+            history, interrupted=outcome.interrupted, signal_received=outcome.signal_received,
             checkpoint_directory=session.checkpoint_dir,
             saved_update=(None if outcome.saved_chunks is None
                           else outcome.saved_chunks * plan.updates_per_chunk),

@@ -119,13 +119,33 @@ def format_progress(record: dict[str, Any], runs: int = 1) -> str:
     return "  ".join(fmt(k, record[k]) for k in keys)
 
 
-def print_end_of_run(final: dict[str, Any], *, interrupted: bool, signal_received: int | None,
-                     checkpoint_directory: str | None, saved_update: int | None,
-                     run_seconds: float, compile_seconds: float, checkpoint_seconds: float,
-                     eval_seconds: float) -> None:
-    """The line a runner prints when it ends: done, with its timings, or stopped by a signal
-    (this process's, or one sent to another process of the run) and where to resume from."""
-    steps = final.get("env_steps", 0)
+def _returned(record: dict[str, Any]) -> float | None:
+    value = record.get("episode_return")
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def final_return_text(history: list[dict[str, Any]]) -> str:
+    """The end-of-run line's return: the last record's mean episode return, or, when no episode
+    ended within it (long fixed-length episodes end in bursts), the latest that had one."""
+    final = _returned(history[-1]) if history else None
+    if final is not None:
+        return f"final mean episode return {final:.3f}"
+    for record in reversed(history):
+        earlier = _returned(record)
+        if earlier is not None:
+            return (f"no episode ended in the last record; the latest mean episode return "
+                    f"{earlier:.3f}, at {record.get('env_steps', 0):,} env steps")
+    return "no episode ended"
+
+
+def print_end_of_run(history: list[dict[str, Any]], *, interrupted: bool,
+                     signal_received: int | None, checkpoint_directory: str | None,
+                     saved_update: int | None, run_seconds: float, compile_seconds: float,
+                     checkpoint_seconds: float, eval_seconds: float) -> None:
+    """The line a runner prints when it ends: done, with its timings and the run's records'
+    return (`final_return_text`), or stopped by a signal (this process's, or one sent to
+    another process of the run) and where to resume from."""
+    steps = history[-1].get("env_steps", 0) if history else 0
     if interrupted:
         where = ("no --workdir, so no checkpoint" if checkpoint_directory is None else
                  f"checkpoint saved at update {saved_update:,} in {checkpoint_directory}; "
@@ -136,8 +156,7 @@ def print_end_of_run(final: dict[str, Any], *, interrupted: bool, signal_receive
     else:
         print(f"Done: {steps:,} env steps in {run_seconds:.1f}s (+{compile_seconds:.1f}s "
               f"compile, {checkpoint_seconds:.1f}s checkpoints, {eval_seconds:.1f}s evaluation); "
-              f"final mean episode return {final.get('episode_return', float('nan')):.3f}",
-              flush=True)
+              f"{final_return_text(history)}", flush=True)
 
 
 def _format_duration(seconds: float) -> str:

@@ -443,7 +443,7 @@ def _finish_run(plan: SebulbaPlan, session: RunSession, records: workdir_lib.Rec
     final = history[-1] if history else {}
     if plan.is_main:
         print_end_of_run(
-            final, interrupted=learner.interrupted, signal_received=watched.signal_received,
+            history, interrupted=learner.interrupted, signal_received=watched.signal_received,
             checkpoint_directory=session.checkpoint_dir, saved_update=learner.saved_update,
             run_seconds=run_seconds, compile_seconds=compile_seconds,
             checkpoint_seconds=checkpoint_seconds, eval_seconds=learner.eval_seconds)

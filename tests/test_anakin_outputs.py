@@ -303,3 +303,18 @@ def test_sigterm_stops_after_the_chunk_in_flight_logged_and_checkpointed(run, tm
     assert [r["updates"] for r in result.history] == [5, 10, 15]
     if with_workdir:
         assert checkpoint_steps(workdir) == [15]
+
+
+def test_the_end_of_run_line_reports_the_latest_return_when_the_last_record_has_none():
+    # Fixed-length episodes (MinAtar Freeway's 2,500 steps) end in bursts: a last record may
+    # hold no finished episode, and its mean return is NaN (None once read from JSON).
+    assert metrics.final_return_text([{"env_steps": 10, "episode_return": 7.0}]) == (
+        "final mean episode return 7.000")
+    history = [{"env_steps": 1_000, "episode_return": 5.25},
+               {"env_steps": 2_000, "episode_return": float("nan")},
+               {"env_steps": 3_000, "episode_return": None}]
+    assert metrics.final_return_text(history) == (
+        "no episode ended in the last record; the latest mean episode return 5.250, at 1,000 "
+        "env steps")
+    assert metrics.final_return_text(history[1:]) == "no episode ended"
+    assert metrics.final_return_text([]) == "no episode ended"
