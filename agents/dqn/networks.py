@@ -1,8 +1,7 @@
 """The DQN family's Q-networks: a torso (an MLP, optionally with LayerNorm before each ReLU as
 in PQN; the DQN conv torso for images; or `"board_conv"`, one small convolution for boards such
-as MinAtar's) and a head of one value per action ("q") or a
-categorical distribution over `num_atoms` fixed returns per action ("c51", Bellemare et al.,
-2017)."""
+as MinAtar's) and a head of one value per action ("q") or a categorical distribution over
+`num_atoms` fixed returns per action ("c51", Bellemare et al., 2017)."""
 
 from __future__ import annotations
 

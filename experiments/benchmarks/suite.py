@@ -8,16 +8,16 @@
 Every (agent, environment) pair is one Anakin run of `anakin.default_config()` with
 `config.agent = agents.default_config(agent)` and only `env.name`, the budget and the seeds
 set: nothing is tuned per environment. The value-based agents (`dqn`, `pqn`; `SHIPPED`) run
-instead with the runner's and the agent's settings of their shipped CartPole config (for DQN
-8 environments x T = 8 into one replay, 2 updates per step, LayerNorm and a target copy
-every 100 updates; for PQN 32 x 64, 16 minibatches, 256 wide, lambda 0.95, rewards x 0.1), or
-on MinAtar of their shipped MinAtar config where there is one (`SHIPPED_MINATAR`: PQN's
-`pqn_minatar.py`, its reference's MinAtar settings), their epsilon (and PQN's step size)
-annealed over the same fraction of the run as there, whatever the budget. Sampled MuZero (continuous actions only: Pendulum) runs with its shipped
-Pendulum config's (16 environments x T = 16, rewards scaled by 0.1). The seeds run as one
-vmapped sweep (one compiled program, `config.sweep.seeds`). A pair whose action space the
-agent cannot act in (a discrete-action agent on Pendulum, Sampled MuZero on a discrete one) is
-skipped and listed as such.
+instead with the runner's and the agent's settings of their shipped CartPole config (for DQN 8
+environments x T = 8 into one replay, 2 updates per step, LayerNorm and a target copy every 100
+updates; for PQN 32 x 64, 16 minibatches, 256 wide, lambda 0.95, rewards x 0.1), or on MinAtar
+of their shipped MinAtar config where there is one (`SHIPPED_MINATAR`: PQN's `pqn_minatar.py`,
+its reference's MinAtar settings), their epsilon (and PQN's step size) annealed over the same
+fraction of the run as there, whatever the budget. Sampled MuZero (continuous actions only:
+Pendulum) runs with its shipped Pendulum config's (16 environments x T = 16, rewards scaled by
+0.1). The seeds run as one vmapped sweep (one compiled program, `config.sweep.seeds`). A pair
+whose action space the agent cannot act in (a discrete-action agent on Pendulum, Sampled MuZero
+on a discrete one) is skipped and listed as such.
 
 Budgets (environment steps per seed), unless `--steps` sets one for every pair:
   classic control and Catch: 1M;
