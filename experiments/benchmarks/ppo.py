@@ -11,22 +11,28 @@ stepped with uniformly random actions in the same scan structure, no agent (best
 (`_ppo_reference.py`, one jitted function over the same wrapped environment) is compiled and
 then timed in alternating rounds with our compiled run (`--rounds`, A B then B A), and the
 ratio of the medians is printed: ours over the reference, env steps per second, compilation
-excluded.
+excluded. With `--reference_agent` the rounds also time the reference's PPO as a
+`podracer.Agent` run by `anakin.train` (`_ppo_reference.make_agent`): the same network, acting
+and learning inside our runner, which tells what the agent costs from what the runner does.
 
     python -m experiments.benchmarks.ppo [--config.num_envs=2048 --config.total_env_steps=...]
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import time
+from collections.abc import Callable
 
 import jax
+import ml_collections
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+import agents
 import anakin
 import envs_jax
 from experiments.benchmarks import _ppo_reference
@@ -46,40 +52,69 @@ _REFERENCE = flags.DEFINE_bool(
     "reference", True, "Time a hand-written PPO at PureJaxRL's settings side by side "
     "(CartPole-like workloads with discrete actions only).")
 _ROUNDS = flags.DEFINE_integer("rounds", 4, "Alternating rounds of ours and the reference.")
+_REFERENCE_AGENT = flags.DEFINE_bool(
+    "reference_agent", False, "Also time the reference's PPO as an agent run by anakin.train "
+    "(its network, acting and learning inside our runner), to tell the agent's cost from the "
+    "runner's.")
 
 
-def _reference_rounds(config, rounds: int) -> None:
-    """Our compiled run and the reference's, alternately (A B, B A, ...), by the wall clock."""
+def _reference_settings(config) -> dict:
+    agent = config.agent
+    return dict(num_envs=config.num_envs, num_steps=config.rollout_length,
+                total_steps=config.total_env_steps, num_epochs=agent.num_epochs,
+                num_minibatches=agent.num_minibatches, learning_rate=agent.learning_rate,
+                discount=agent.discount, gae_lambda=agent.gae_lambda, clip_eps=agent.clip_eps,
+                entropy_cost=agent.entropy_cost, value_cost=agent.value_cost,
+                max_grad_norm=agent.max_grad_norm)
+
+
+def _reference_agent_config(config):
+    """`config` with the reference's PPO as its agent (`_ppo_reference.make_agent`), registered
+    as `ppo_reference`: the same network, acting and learning, run by `anakin.train`."""
+    settings = _reference_settings(config)
+    agents.register(
+        "ppo_reference",
+        lambda agent_config, spec: _ppo_reference.make_agent(
+            spec, **{k: agent_config[k] for k in settings}),
+        default_config=lambda: ml_collections.ConfigDict({"name": "ppo_reference", **settings}),
+        replace=True)
+    wrapped = copy.deepcopy(config)
+    wrapped.agent = agents.default_config("ppo_reference")
+    return wrapped
+
+
+def _reference_rounds(config, rounds: int, with_agent: bool) -> None:
+    """Our compiled run and the reference's, alternately (A B, B A, ...), by the wall clock;
+    with `with_agent`, also the reference's agent run by `anakin.train`."""
     env = envs_jax.wrap_for_training(envs_jax.make(config.env.name, **config.env.kwargs),
                                      config.env.max_episode_steps or None)
-    agent = config.agent
-    train = _ppo_reference.make_train(
-        env, num_envs=config.num_envs, num_steps=config.rollout_length,
-        total_steps=config.total_env_steps, num_epochs=agent.num_epochs,
-        num_minibatches=agent.num_minibatches, learning_rate=agent.learning_rate,
-        discount=agent.discount, gae_lambda=agent.gae_lambda, clip_eps=agent.clip_eps,
-        entropy_cost=agent.entropy_cost, value_cost=agent.value_cost,
-        max_grad_norm=agent.max_grad_norm)
+    train = _ppo_reference.make_train(env, **_reference_settings(config))
     start = time.perf_counter()
     compiled = jax.jit(train).lower(jax.random.PRNGKey(config.seed)).compile()
     compile_seconds = time.perf_counter() - start
     steps = (config.total_env_steps // (config.num_envs * config.rollout_length)
              * config.num_envs * config.rollout_length)
 
-    def ours() -> tuple[float, float]:
-        result = anakin.train(config)
-        return result.history[-1]["env_steps"] / result.run_seconds, \
-            float(result.history[-1]["episode_return"])
+    def under_anakin(run_config) -> Callable[[], tuple[float, float]]:
+        def run() -> tuple[float, float]:
+            result = anakin.train(run_config)
+            return result.history[-1]["env_steps"] / result.run_seconds, \
+                float(result.history[-1]["episode_return"])
+        return run
 
     def reference() -> tuple[float, float]:
         start = time.perf_counter()
         returns = np.asarray(jax.block_until_ready(compiled(jax.random.PRNGKey(config.seed))))
         return steps / (time.perf_counter() - start), float(np.nanmean(returns[-8:]))
 
-    figures = {"ours": [], "reference": []}
+    contestants = [("ours", under_anakin(config)), ("reference", reference)]
+    if with_agent:
+        wrapped = _reference_agent_config(config)
+        anakin.train(wrapped)  # compiles its programs outside the rounds
+        contestants.append(("reference agent under anakin.train", under_anakin(wrapped)))
+    figures = {name: [] for name, _ in contestants}
     for r in range(rounds):
-        order = (("ours", ours), ("reference", reference))
-        for name, fn in (order if r % 2 == 0 else order[::-1]):
+        for name, fn in (contestants if r % 2 == 0 else contestants[::-1]):
             figures[name].append(fn())
     medians = {k: float(np.median([sps for sps, _ in v])) for k, v in figures.items()}
     for name, values in figures.items():
@@ -88,6 +123,11 @@ def _reference_rounds(config, rounds: int) -> None:
               + " ".join(f"{ret:.1f}" for _, ret in values))
     print(f"reference compile={compile_seconds:.2f}s; ours / reference = "
           f"{medians['ours'] / medians['reference']:.2f} over {rounds} alternating rounds")
+    if with_agent:
+        agent = medians["reference agent under anakin.train"]
+        print(f"reference agent under anakin.train / reference = "
+              f"{agent / medians['reference']:.2f}; ours / reference agent under anakin.train "
+              f"= {medians['ours'] / agent:.2f}")
 
 
 def main(argv):
@@ -131,7 +171,7 @@ def main(argv):
         print(f"ceiling (env only, random actions): {ceiling:,.0f} env steps/s; ppo at "
               f"{100 * steps / result.run_seconds / ceiling:.0f}% of it")
     if _REFERENCE.value and not envs_jax.make(config.env.name).action_spec().shape:
-        _reference_rounds(config, _ROUNDS.value)
+        _reference_rounds(config, _ROUNDS.value, _REFERENCE_AGENT.value)
 
 
 if __name__ == "__main__":
