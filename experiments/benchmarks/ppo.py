@@ -71,6 +71,9 @@ def _reference_settings(config) -> dict:
 def _reference_agent_config(config):
     """`config` with the reference's PPO as its agent (`_ppo_reference.make_agent`), registered
     as `ppo_reference`: the same network, acting and learning, run by `anakin.train`."""
+    if anakin.validate(config, jax.device_count()) != 1:
+        raise ValueError("--reference_agent times the reference on one device (its learner "
+                         "averages no gradients): set --config.num_devices=1")
     settings = _reference_settings(config)
     agents.register(
         "ppo_reference",
