@@ -63,9 +63,12 @@ def make_rollout(agent: Agent, env: envs_jax.Environment, rollout_length: int) -
             return (actor_state, env_state, next_timestep), (next_timestep, action, extras)
 
         keys = jax.random.split(key, rollout_length)
-        (actor_state, env_state, last), (new_timesteps, actions, extras) = jax.lax.scan(
+        (actor_state, env_state, _), (new_timesteps, actions, extras) = jax.lax.scan(
             body, (actor_state, env_state, timestep), keys
         )
+        # o_T read from the stacked outputs, not from the carry: the carried timestep's fields
+        # that the actor does not read are then dead in the loop and XLA drops them from it.
+        last = jax.tree.map(lambda x: x[-1], new_timesteps)
         # o_0, then the scan's o_1 .. o_T: the loop emits the timestep it makes, rather than
         # the one it carried in, so it needs no copy of the carried one per step.
         all_timesteps = jax.tree.map(
