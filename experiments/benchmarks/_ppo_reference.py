@@ -128,49 +128,66 @@ def _act(network, params, observation, key):
     return action, log_prob, value
 
 
+def _init_and_update(env, s: _Settings):
+    """`init(key) -> carry` and `update(carry, _) -> (carry, mean return)`: one PPO update (a
+    rollout, then `learn`), the body that `make_train` scans over the whole run."""
+    network, optimizer, learn = _pieces(env.action_spec().num_values, s)
+
+    def init(key):
+        key, init_key, reset_key = jax.random.split(key, 3)
+        params = network.init(init_key, jnp.zeros((1,) + env.observation_spec().shape))
+        opt_state = optimizer.init(params)
+        env_state, timestep = jax.vmap(env.reset)(jax.random.split(reset_key, s.num_envs))
+        return params, opt_state, env_state, timestep, key
+
+    def update(carry, _):
+        params, opt_state, env_state, timestep, key = carry
+
+        # COLLECT TRAJECTORIES
+        def env_step(carry, key):
+            env_state, timestep = carry
+            action, log_prob, value = _act(network, params, timestep.observation, key)
+            env_state, next_timestep = jax.vmap(env.step)(env_state, action)
+            out = {"obs": timestep.observation, "action": action, "log_prob": log_prob,
+                   "value": value, "mask": 1.0 - timestep.last(),
+                   "reward": next_timestep.reward, "discount": next_timestep.discount,
+                   "ended": next_timestep.last(),
+                   "return": next_timestep.extras["episode_return"]}
+            return (env_state, next_timestep), out
+
+        key, rollout_key, epoch_key = jax.random.split(key, 3)
+        (env_state, timestep), traj = jax.lax.scan(
+            env_step, (env_state, timestep), jax.random.split(rollout_key, s.num_steps))
+        params, opt_state = learn(params, opt_state, traj, timestep.observation,
+                                  1.0 - timestep.last(), epoch_key)
+        ended = traj["ended"].astype(jnp.float32)
+        mean_return = jnp.sum(traj["return"] * ended) / jnp.sum(ended)
+        return (params, opt_state, env_state, timestep, key), mean_return
+
+    return init, update
+
+
 def make_train(env, **settings) -> Callable[[jax.Array], jax.Array]:
     """`train(key) -> [num_updates]` mean return of the episodes that ended in each update
     (NaN where none did), for `env` (an `envs_jax` environment with discrete actions, wrapped
     for training); `settings`: the fields of `_Settings` (PureJaxRL's CartPole values)."""
     s = _Settings(**settings)
     num_updates = s.total_steps // (s.num_envs * s.num_steps)
-    network, optimizer, learn = _pieces(env.action_spec().num_values, s)
+    init, update = _init_and_update(env, s)
 
     def train(key):
-        key, init_key, reset_key = jax.random.split(key, 3)
-        params = network.init(init_key, jnp.zeros((1,) + env.observation_spec().shape))
-        opt_state = optimizer.init(params)
-        env_state, timestep = jax.vmap(env.reset)(jax.random.split(reset_key, s.num_envs))
-
-        def update(carry, _):
-            params, opt_state, env_state, timestep, key = carry
-
-            # COLLECT TRAJECTORIES
-            def env_step(carry, key):
-                env_state, timestep = carry
-                action, log_prob, value = _act(network, params, timestep.observation, key)
-                env_state, next_timestep = jax.vmap(env.step)(env_state, action)
-                out = {"obs": timestep.observation, "action": action, "log_prob": log_prob,
-                       "value": value, "mask": 1.0 - timestep.last(),
-                       "reward": next_timestep.reward, "discount": next_timestep.discount,
-                       "ended": next_timestep.last(),
-                       "return": next_timestep.extras["episode_return"]}
-                return (env_state, next_timestep), out
-
-            key, rollout_key, epoch_key = jax.random.split(key, 3)
-            (env_state, timestep), traj = jax.lax.scan(
-                env_step, (env_state, timestep), jax.random.split(rollout_key, s.num_steps))
-            params, opt_state = learn(params, opt_state, traj, timestep.observation,
-                                      1.0 - timestep.last(), epoch_key)
-            ended = traj["ended"].astype(jnp.float32)
-            mean_return = jnp.sum(traj["return"] * ended) / jnp.sum(ended)
-            return (params, opt_state, env_state, timestep, key), mean_return
-
-        _, returns = jax.lax.scan(update, (params, opt_state, env_state, timestep, key),
-                                  length=num_updates)
-        return returns
+        return jax.lax.scan(update, init(key), length=num_updates)[1]
 
     return train
+
+
+def make_train_in_chunks(env, updates_per_chunk: int, **settings
+                         ) -> tuple[Callable[[jax.Array], Any], Callable[[Any], Any]]:
+    """The same run as `make_train`, as `init(key) -> carry` and `chunk(carry) -> (carry,
+    [updates_per_chunk] mean returns)`, for a host loop to call chunk after chunk as
+    `anakin.train` calls its compiled chunks."""
+    init, update = _init_and_update(env, _Settings(**settings))
+    return init, lambda carry: jax.lax.scan(update, carry, length=updates_per_chunk)
 
 
 @chex.dataclass(frozen=True)

@@ -14,6 +14,11 @@ ratio of the medians is printed: ours over the reference, env steps per second, 
 excluded. With `--reference_agent` the rounds also time the reference's PPO as a
 `podracer.Agent` run by `anakin.train` (`_ppo_reference.make_agent`): the same network, acting
 and learning inside our runner, which tells what the agent costs from what the runner does.
+With `--reference_in_chunks` (the default) the rounds also time the reference called chunk by
+chunk, in the same number of calls as `anakin.train` makes (`_ppo_reference.
+make_train_in_chunks`). Each contestant's line also gives the voluntary context switches of
+XLA:CPU's worker threads per run (Linux): a call that XLA:CPU's runtime runs with its work
+handed between threads shows up there, as about one switch per minibatch.
 
     python -m experiments.benchmarks.ppo [--config.num_envs=2048 --config.total_env_steps=...]
 """
@@ -57,6 +62,29 @@ _REFERENCE_AGENT = flags.DEFINE_bool(
     "(its network, acting and learning inside our runner), to tell the agent's cost from the "
     "runner's.")
 
+_REFERENCE_IN_CHUNKS = flags.DEFINE_bool(
+    "reference_in_chunks", True, "Also time the reference called chunk by chunk, in as many "
+    "calls as anakin.train makes, to tell what the calls cost from what the program does.")
+
+
+def _worker_switches() -> int | None:
+    """Voluntary context switches so far of this process's XLA:CPU worker threads (named
+    `tf_XLAEigen`), or None where /proc does not tell (not Linux)."""
+    total, found = 0, False
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if "XLAEigen" not in f.read():
+                    continue
+            with open(f"/proc/self/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+                        found = True
+    except OSError:
+        return None
+    return total if found else None
+
 
 def _reference_settings(config) -> dict:
     agent = config.agent
@@ -86,12 +114,14 @@ def _reference_agent_config(config):
     return wrapped
 
 
-def _reference_rounds(config, rounds: int, with_agent: bool) -> None:
+def _reference_rounds(config, rounds: int, with_agent: bool, in_chunks: bool) -> None:
     """Our compiled run and the reference's, alternately (A B, B A, ...), by the wall clock;
-    with `with_agent`, also the reference's agent run by `anakin.train`."""
+    with `with_agent`, also the reference's agent run by `anakin.train`; with `in_chunks`, also
+    the reference called chunk by chunk as `anakin.train` calls its chunks."""
     env = envs_jax.wrap_for_training(envs_jax.make(config.env.name, **config.env.kwargs),
                                      config.env.max_episode_steps or None)
-    train = _ppo_reference.make_train(env, **_reference_settings(config))
+    settings = _reference_settings(config)
+    train = _ppo_reference.make_train(env, **settings)
     start = time.perf_counter()
     compiled = jax.jit(train).lower(jax.random.PRNGKey(config.seed)).compile()
     compile_seconds = time.perf_counter() - start
@@ -111,21 +141,52 @@ def _reference_rounds(config, rounds: int, with_agent: bool) -> None:
         return steps / (time.perf_counter() - start), float(np.nanmean(returns[-8:]))
 
     contestants = [("ours", under_anakin(config)), ("reference", reference)]
+    if in_chunks:
+        chunks = steps // (config.num_envs * config.rollout_length * config.updates_per_chunk)
+        init, chunk = _ppo_reference.make_train_in_chunks(env, config.updates_per_chunk,
+                                                          **settings)
+        init, chunk = jax.jit(init), jax.jit(chunk, donate_argnums=0)
+        jax.block_until_ready(chunk(init(jax.random.PRNGKey(config.seed))))  # compiles
+
+        def reference_in_chunks() -> tuple[float, float]:
+            carry = jax.block_until_ready(init(jax.random.PRNGKey(config.seed)))
+            start = time.perf_counter()
+            for _ in range(chunks):  # each chunk's returns fetched, as the runner fetches
+                carry, returns = chunk(carry)
+                returns = np.asarray(returns)
+            seconds = time.perf_counter() - start
+            return chunks * returns.size * config.num_envs * config.rollout_length / seconds, \
+                float(np.nanmean(returns[-8:]))
+
+        contestants.append((f"reference in {chunks} call{'s' if chunks != 1 else ''}",
+                            reference_in_chunks))
     if with_agent:
         wrapped = _reference_agent_config(config)
         anakin.train(wrapped)  # compiles its programs outside the rounds
         contestants.append(("reference agent under anakin.train", under_anakin(wrapped)))
     figures = {name: [] for name, _ in contestants}
+    switches = {name: [] for name, _ in contestants}
     for r in range(rounds):
         for name, fn in (contestants if r % 2 == 0 else contestants[::-1]):
+            before = _worker_switches()
             figures[name].append(fn())
+            after = _worker_switches()
+            if before is not None and after is not None:
+                switches[name].append(after - before)
     medians = {k: float(np.median([sps for sps, _ in v])) for k, v in figures.items()}
     for name, values in figures.items():
         print(f"{name}: " + " ".join(f"{sps:,.0f}" for sps, _ in values)
               + f" env steps/s (median {medians[name]:,.0f}); final return "
               + " ".join(f"{ret:.1f}" for _, ret in values))
+        if switches[name]:
+            print("  XLA:CPU worker threads' context switches per run: "
+                  + " ".join(str(n) for n in switches[name]))
     print(f"reference compile={compile_seconds:.2f}s; ours / reference = "
           f"{medians['ours'] / medians['reference']:.2f} over {rounds} alternating rounds")
+    if in_chunks:
+        name = contestants[2][0]
+        print(f"ours / {name} = {medians['ours'] / medians[name]:.2f}; {name} / reference = "
+              f"{medians[name] / medians['reference']:.2f}")
     if with_agent:
         agent = medians["reference agent under anakin.train"]
         print(f"reference agent under anakin.train / reference = "
@@ -174,7 +235,8 @@ def main(argv):
         print(f"ceiling (env only, random actions): {ceiling:,.0f} env steps/s; ppo at "
               f"{100 * steps / result.run_seconds / ceiling:.0f}% of it")
     if _REFERENCE.value and not envs_jax.make(config.env.name).action_spec().shape:
-        _reference_rounds(config, _ROUNDS.value, _REFERENCE_AGENT.value)
+        _reference_rounds(config, _ROUNDS.value, _REFERENCE_AGENT.value,
+                          _REFERENCE_IN_CHUNKS.value)
 
 
 if __name__ == "__main__":
