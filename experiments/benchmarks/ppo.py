@@ -15,8 +15,8 @@ excluded. With `--reference_agent` the rounds also time the reference's PPO as a
 `podracer.Agent` run by `anakin.train` (`_ppo_reference.make_agent`): the same network, acting
 and learning inside our runner, which tells what the agent costs from what the runner does.
 With `--reference_in_chunks` (the default) the rounds also time the reference called chunk by
-chunk, in the same number of calls as `anakin.train` makes (`_ppo_reference.
-make_train_in_chunks`). Each contestant's line also gives the voluntary context switches of
+chunk, in the same number of calls as `anakin.train` makes
+(`_ppo_reference.make_train_in_chunks`). Each contestant's line also gives the voluntary context switches of
 XLA:CPU's worker threads per run (Linux): a call that XLA:CPU's runtime runs with its work
 handed between threads shows up there, as about one switch per minibatch. With
 `--cpu_worker_threads=N` XLA:CPU starts with a pool of N worker threads (the process's CPU
