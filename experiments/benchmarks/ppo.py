@@ -16,9 +16,10 @@ excluded. With `--reference_agent` the rounds also time the reference's PPO as a
 and learning inside our runner, which tells what the agent costs from what the runner does.
 With `--reference_in_chunks` (the default) the rounds also time the reference called chunk by
 chunk, in the same number of calls as `anakin.train` makes
-(`_ppo_reference.make_train_in_chunks`). Each contestant's line also gives the voluntary context switches of
-XLA:CPU's worker threads per run (Linux): a call that XLA:CPU's runtime runs with its work
-handed between threads shows up there, as about one switch per minibatch. With
+(`_ppo_reference.make_train_in_chunks`). Each contestant's line also gives the voluntary
+context switches of XLA:CPU's worker threads per run (Linux): a call that XLA:CPU's runtime
+runs with its work handed between threads shows up there, as about one switch per minibatch.
+With
 `--cpu_worker_threads=N` XLA:CPU starts with a pool of N worker threads (the process's CPU
 affinity narrowed to N cores while the backend starts, then restored; Linux), for every
 contestant alike.
@@ -95,36 +96,22 @@ def _start_cpu_backend(worker_threads: int) -> None:
         os.sched_setaffinity(0, cores)
 
 
-def _worker_threads() -> int | None:
-    """How many XLA:CPU worker threads (named `tf_XLAEigen`) this process has, or None where
-    /proc does not tell."""
-    count = 0
-    try:
-        for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                count += "XLAEigen" in f.read()
-    except OSError:
-        return None
-    return count
-
-
-def _worker_switches() -> int | None:
-    """Voluntary context switches so far of this process's XLA:CPU worker threads (named
-    `tf_XLAEigen`), or None where /proc does not tell (not Linux)."""
-    total, found = 0, False
+def _worker_threads() -> tuple[int, int] | None:
+    """This process's XLA:CPU worker threads (named `tf_XLAEigen`): how many, and their
+    voluntary context switches so far; None where /proc does not tell (not Linux)."""
+    count = switches = 0
     try:
         for tid in os.listdir("/proc/self/task"):
             with open(f"/proc/self/task/{tid}/comm") as f:
                 if "XLAEigen" not in f.read():
                     continue
+            count += 1
             with open(f"/proc/self/task/{tid}/status") as f:
-                for line in f:
-                    if line.startswith("voluntary_ctxt_switches:"):
-                        total += int(line.split()[1])
-                        found = True
+                switches += sum(int(line.split()[1]) for line in f
+                                if line.startswith("voluntary_ctxt_switches:"))
     except OSError:
         return None
-    return total if found else None
+    return (count, switches) if count else None
 
 
 def _reference_settings(config) -> dict:
@@ -199,8 +186,8 @@ def _reference_rounds(config, rounds: int, with_agent: bool, in_chunks: bool) ->
             return chunks * returns.size * config.num_envs * config.rollout_length / seconds, \
                 float(np.nanmean(returns[-8:]))
 
-        contestants.append((f"reference in {chunks} call{'s' if chunks != 1 else ''}",
-                            reference_in_chunks))
+        in_chunks_name = f"reference in {chunks} call{'s' if chunks != 1 else ''}"
+        contestants.append((in_chunks_name, reference_in_chunks))
     if with_agent:
         wrapped = _reference_agent_config(config)
         anakin.train(wrapped)  # compiles its programs outside the rounds
@@ -209,11 +196,11 @@ def _reference_rounds(config, rounds: int, with_agent: bool, in_chunks: bool) ->
     switches = {name: [] for name, _ in contestants}
     for r in range(rounds):
         for name, fn in (contestants if r % 2 == 0 else contestants[::-1]):
-            before = _worker_switches()
+            before = _worker_threads()
             figures[name].append(fn())
-            after = _worker_switches()
+            after = _worker_threads()
             if before is not None and after is not None:
-                switches[name].append(after - before)
+                switches[name].append(after[1] - before[1])
     medians = {k: float(np.median([sps for sps, _ in v])) for k, v in figures.items()}
     for name, values in figures.items():
         print(f"{name}: " + " ".join(f"{sps:,.0f}" for sps, _ in values)
@@ -225,7 +212,7 @@ def _reference_rounds(config, rounds: int, with_agent: bool, in_chunks: bool) ->
     print(f"reference compile={compile_seconds:.2f}s; ours / reference = "
           f"{medians['ours'] / medians['reference']:.2f} over {rounds} alternating rounds")
     if in_chunks:
-        name = contestants[2][0]
+        name = in_chunks_name
         print(f"ours / {name} = {medians['ours'] / medians[name]:.2f}; {name} / reference = "
               f"{medians[name] / medians['reference']:.2f}")
     if with_agent:
@@ -247,7 +234,7 @@ def main(argv):
     num_devices = anakin.validate(config, jax.device_count())
     print(f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores; "
           f"{num_devices} x {device.platform} ({device.device_kind}); jax {jax.__version__}; "
-          f"XLA:CPU worker threads: {_worker_threads()}")
+          f"XLA:CPU worker threads: {(_worker_threads() or (None,))[0]}")
     print(f"workload: {config.agent.name} on {config.env.name}, {config.num_envs} envs, "
           f"T={config.rollout_length}, {config.agent.num_epochs} epochs x "
           f"{config.agent.num_minibatches} minibatches, {result.history[-1]['updates']} updates "
