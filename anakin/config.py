@@ -49,6 +49,9 @@ def default_config() -> ml_collections.ConfigDict:
     config.eval_every_updates = 0  # greedy evaluation on separate environments; 0 = none
     config.eval_episodes = 32  # one episode on each of this many fresh environments
     config.eval_max_steps = 1000  # an evaluation episode still running here counts as it stands
+    # XLA:CPU's worker threads, sized before JAX's backends start (podracer.machine); 0 = one
+    # per core the process may use.
+    config.cpu_worker_threads = 0
     # Sweeps: R independent runs vmapped inside one compiled program, logged in run_<i>/.
     config.sweep = ml_collections.ConfigDict()
     config.sweep.seeds = ()  # one seed per run; () = config.seed for every run

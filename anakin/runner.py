@@ -61,7 +61,8 @@ from anakin.programs import (
     make_evaluator,
     make_programs,
 )
-from podracer import distributed, faults, replication
+from podracer import config as cfg
+from podracer import distributed, faults, machine, replication
 from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
 from podracer.agent import Agent, parameter_count
@@ -95,6 +96,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     carry their `run` index).
     """
     distributed.initialize_from_env()
+    machine.set_cpu_worker_threads(cfg.cpu_worker_threads(config))
     plan = make_plan(config, jax.device_count())
     session = RunSession.open(workdir)
     try:

@@ -67,8 +67,9 @@ def require_divisible(config: ml_collections.ConfigDict, field: str, divisor: in
         )
 
 
-# Fields every runner accepts for checkpoints and evaluation that a config may leave out, with
-# the values a config without them gets (so that configs built by hand without them work).
+# Fields every runner accepts for checkpoints, evaluation and XLA:CPU's pool of worker threads
+# (`podracer.machine.set_cpu_worker_threads`) that a config may leave out, with the values a
+# config without them gets (so that configs built by hand without them work).
 # `anakin.default_config()` and `sebulba.default_config()` hold them at these same values.
 RUN_OPTION_DEFAULTS: dict[str, Any] = {
     "checkpoint_every_updates": 0,  # 0: only at the end and on SIGTERM
@@ -76,6 +77,7 @@ RUN_OPTION_DEFAULTS: dict[str, Any] = {
     "eval_every_updates": 0,  # 0: no evaluation
     "eval_episodes": 32,
     "eval_max_steps": 1000,
+    "cpu_worker_threads": 0,  # 0: XLA's own choice, one per core the process may use
 }
 
 
@@ -111,9 +113,20 @@ def require_rollout_length_tied(config: ml_collections.ConfigDict) -> None:
             "set config.agent.rollout_length = config.get_ref('rollout_length')")
 
 
+def cpu_worker_threads(config: ml_collections.ConfigDict) -> int:
+    """`config.cpu_worker_threads` (0 when absent), checked before anything starts JAX's
+    backends: a whole number >= 0."""
+    value = run_option(config, "cpu_worker_threads")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError("cpu_worker_threads", f"must be a whole number >= 0, got {value!r}",
+                          "set --config.cpu_worker_threads to the worker threads XLA:CPU "
+                          "should start with, or 0 for one per core")
+    return value
+
+
 def validate_run_options(config: ml_collections.ConfigDict) -> None:
-    """The checkpoint and evaluation fields: whole numbers >= 0, and >= 1 where 0 means
-    nothing (keeping no checkpoint, evaluating no episode or no step)."""
+    """The checkpoint, evaluation and worker-thread fields: whole numbers >= 0, and >= 1 where
+    0 means nothing (keeping no checkpoint, evaluating no episode or no step)."""
     for field in RUN_OPTION_DEFAULTS:
         value = run_option(config, field)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -1,13 +1,23 @@
 """The machine a process runs on, as the runners' sizing rules read it: the host's CPU cores
 this process may use, and its devices. The rules themselves (`sebulba.config.derive_sizes`,
-`anakin.config.derive_num_envs`) take a `Machine`, so that a test can hand them any machine."""
+`anakin.config.derive_num_envs`) take a `Machine`, so that a test can hand them any machine.
+`set_cpu_worker_threads` sizes XLA:CPU's pool of worker threads before JAX's backends start
+(a run's `cpu_worker_threads`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import platform
 
 import jax
+from absl import logging
+from jax._src import xla_bridge
+
+# XLA's PjRt runtime sizes XLA:CPU's pool of worker threads (and its client's own pool) from
+# this variable when the CPU backend starts; unset, one thread per core the process may use.
+CPU_POOL_VARIABLE = "PJRT_NPROC"
+_warned: set[int] = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +48,48 @@ def host_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it (lscpu's 'Model name'), else the platform's."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def detect() -> Machine:
     """This process's machine."""
     devices = jax.local_devices()
     return Machine(cores=host_cores(), platform=devices[0].platform, num_devices=len(devices))
+
+
+def set_cpu_worker_threads(worker_threads: int) -> bool:
+    """Asks XLA:CPU for a pool of `worker_threads` threads when JAX's backends start (0: XLA's
+    own choice, one per core this process may use). The pool runs a compiled program's
+    kernels; on a few cores, a program of many small kernels can run faster on one thread than
+    with its loop bodies handed between two (docs/benchmarks.md, "XLA:CPU's worker threads").
+    XLA keeps at least one thread per CPU device (simulated ones included).
+
+    Returns whether the pool is, or will be, of that size. Once a backend has started its pool
+    is fixed: then, unless it was sized so here, a warning is logged (once per size) and False
+    returned. The size is set in the process environment, so processes started from this one
+    (a local multi-process launch) get it too."""
+    if worker_threads == 0:
+        return True
+    wanted = str(worker_threads)
+    if not xla_bridge.backends_are_initialized():
+        os.environ[CPU_POOL_VARIABLE] = wanted
+        return True
+    if os.environ.get(CPU_POOL_VARIABLE) == wanted:
+        return True
+    if worker_threads not in _warned:
+        _warned.add(worker_threads)
+        logging.warning(
+            "cpu_worker_threads=%d is not applied: JAX's backends started before it was set, "
+            "and XLA:CPU's pool keeps the size it started with. Set it in a fresh process "
+            "(the command-line runners do), or set %s=%d in the environment before JAX starts.",
+            worker_threads, CPU_POOL_VARIABLE, worker_threads)
+    return False

@@ -15,7 +15,8 @@ The order a runner follows (every process of a multi-process run, in step):
                                                # finished a checkpoint
 
 What may differ between a checkpoint and the run resuming it: the fields that only say how
-long it runs and what it logs (`RESUMABLE_CHANGES`, plus a runner's own), and, when the
+long it runs, what it logs and on how many threads (`RESUMABLE_CHANGES`, plus a runner's
+own), and, when the
 researcher lists them in `config.resume_allow_changes`, other fields that change no array's
 shape (a lower learning rate, say). Everything else, and the device and process counts, must
 be equal. A checkpoint records the layout (path, shape, dtype) of every array it holds, so a
@@ -40,10 +41,10 @@ from podracer.checkpoint import Checkpointer, Restored, read_metadata, state_lay
 from podracer.config import ConfigError
 
 # Fields that may change between an interrupted run and its resumption without any opt-in:
-# they change how long it runs and what it logs, not the state it carries.
+# they change how long it runs, what it logs and how fast, not the state it carries.
 RESUMABLE_CHANGES = ("total_env_steps", "checkpoint_every_updates", "checkpoint_keep",
                      "eval_every_updates", "eval_episodes", "eval_max_steps",
-                     "resume_allow_changes")
+                     "cpu_worker_threads", "resume_allow_changes")
 ALLOW_CHANGES_FIELD = "resume_allow_changes"
 
 

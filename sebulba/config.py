@@ -71,6 +71,9 @@ def default_config() -> ml_collections.ConfigDict:
     config.eval_every_updates = 0
     config.eval_episodes = 32  # one episode on each of this many environments
     config.eval_max_steps = 1000  # an evaluation episode still running here counts as it stands
+    # XLA:CPU's worker threads, sized before JAX's backends start (podracer.machine); 0 = one
+    # per core the process may use.
+    config.cpu_worker_threads = 0
     return config
 
 

@@ -84,7 +84,8 @@ import ml_collections
 import numpy as np
 
 import agents
-from podracer import distributed, replication
+from podracer import config as cfg
+from podracer import distributed, machine, replication
 from podracer import metrics as metrics_lib
 from podracer import workdir as workdir_lib
 from podracer.agent import parameter_count
@@ -144,6 +145,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     `TrainResult.state` is a `sebulba.learner.LearnerRun`.
     """
     distributed.initialize_from_env()
+    machine.set_cpu_worker_threads(cfg.cpu_worker_threads(config))
     plan = make_plan(config)
     session = RunSession.open(workdir)
     threads = _Threads(plan)

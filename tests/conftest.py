@@ -38,6 +38,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -295,6 +296,15 @@ def tiny_sebulba_muzero_config(**overrides):
     agent.updates_per_step = 1
     set_fields(config, overrides)
     return config
+
+@pytest.fixture(scope="session", autouse=True)
+def _backends_started_before_any_test():
+    """JAX's backends start before the first test, so that every test process keeps XLA:CPU's
+    own pool whichever test comes first (a config's `cpu_worker_threads` sizes the pool only of
+    a process whose backends have not started; `podracer.machine`). Experiments that tests start
+    as subprocesses size theirs as their configs ask."""
+    jax.devices()
+
 
 def pytest_xdist_auto_num_workers(config) -> int:
     """One worker per core, at most 4 and at most one per 6 GiB of memory (a worker with 8

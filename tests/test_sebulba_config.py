@@ -54,6 +54,7 @@ def test_shipped_configs_are_valid():
     ({"eval_every_updates": -5}, "eval_every_updates", ["whole number", "-5"]),
     ({"eval_episodes": 0}, "eval_episodes", [">= 1"]),
     ({"eval_max_steps": True}, "eval_max_steps", ["whole number"]),
+    ({"cpu_worker_threads": -2}, "cpu_worker_threads", ["whole number", "-2"]),
 ])
 def test_bad_fields_are_named_with_a_fix(overrides, field, words):
     with pytest.raises(ConfigError) as info:

@@ -19,10 +19,9 @@ chunk, in the same number of calls as `anakin.train` makes
 (`_ppo_reference.make_train_in_chunks`). Each contestant's line also gives the voluntary
 context switches of XLA:CPU's worker threads per run (Linux): a call that XLA:CPU's runtime
 runs with its work handed between threads shows up there, as about one switch per minibatch.
-With
-`--cpu_worker_threads=N` XLA:CPU starts with a pool of N worker threads (the process's CPU
-affinity narrowed to N cores while the backend starts, then restored; Linux), for every
-contestant alike.
+XLA:CPU's pool of worker threads is the config's `cpu_worker_threads` (`ppo_cartpole.py`: 1),
+sized when `anakin.train` first starts JAX's backends, for every contestant alike; set
+`--config.cpu_worker_threads=0` for XLA's own choice, one per core.
 
     python -m experiments.benchmarks.ppo [--config.num_envs=2048 --config.total_env_steps=...]
 """
@@ -69,31 +68,6 @@ _REFERENCE_AGENT = flags.DEFINE_bool(
 _REFERENCE_IN_CHUNKS = flags.DEFINE_bool(
     "reference_in_chunks", True, "Also time the reference called chunk by chunk, in as many "
     "calls as anakin.train makes, to tell what the calls cost from what the program does.")
-_CPU_WORKER_THREADS = flags.DEFINE_integer(
-    "cpu_worker_threads", 0, "XLA:CPU's worker threads (0: its own choice, one per core the "
-    "process may use). Set before the backend starts, for every contestant alike (Linux).")
-
-
-def _start_cpu_backend(worker_threads: int) -> None:
-    """Starts JAX's backends, with XLA:CPU's pool at `worker_threads` threads when > 0: XLA
-    sizes its pool by the cores the process may use when it starts, so the process's affinity
-    is narrowed to that many cores for the start and then restored."""
-    if worker_threads <= 0:
-        return
-    if not hasattr(os, "sched_setaffinity"):
-        raise app.UsageError("--cpu_worker_threads needs os.sched_setaffinity (Linux)")
-    from jax._src import xla_bridge  # whether a backend already started: then too late
-    if xla_bridge._backends:
-        raise app.UsageError("--cpu_worker_threads: a JAX backend started before it was set")
-    cores = sorted(os.sched_getaffinity(0))
-    if worker_threads > len(cores):
-        raise app.UsageError(f"--cpu_worker_threads={worker_threads}: this process may use "
-                             f"{len(cores)} cores")
-    os.sched_setaffinity(0, cores[:worker_threads])
-    try:
-        jax.devices()
-    finally:
-        os.sched_setaffinity(0, cores)
 
 
 def _worker_threads() -> tuple[int, int] | None:
@@ -225,7 +199,6 @@ def _reference_rounds(config, rounds: int, with_agent: bool, in_chunks: bool) ->
 def main(argv):
     del argv
     config = _CONFIG.value
-    _start_cpu_backend(_CPU_WORKER_THREADS.value)
     start = time.perf_counter()
     result = anakin.train(config)
     wall = time.perf_counter() - start

@@ -53,6 +53,7 @@ import agents
 import anakin
 import envs_jax
 from experiments import plot
+from podracer import machine
 from podracer.types import DiscreteSpec
 
 CLASSIC = ("catch", "CartPole-v1", "Acrobot-v1", "Pendulum-v1")
@@ -175,16 +176,7 @@ def run_end(runs: Sequence[plot.Run]) -> int:
 
 def hardware() -> dict[str, Any]:
     """The CPU model and core count, JAX's devices and the versions that fix the results."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform(),
+    return {"cpu": machine.cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "jax": jax.__version__,
             "devices": [str(d) for d in jax.devices()]}
 

@@ -31,6 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.rollout_length = 128
     config.updates_per_chunk = 122  # 8 chunks of 122 updates: 976 updates, 499,712 steps
     config.total_env_steps = 499_712  # 976 x 512, as PureJaxRL runs its 5e5
+    config.cpu_worker_threads = 1  # its small kernels run fastest on one XLA:CPU thread
     # The step size reaches 0 at the last update, whatever the run length on the command line.
     config.agent.anneal_lr_updates = config.get_ref("total_env_steps") // (
         config.get_ref("num_envs") * config.get_ref("rollout_length"))

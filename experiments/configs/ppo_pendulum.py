@@ -32,6 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.rollout_length = 128
     config.updates_per_chunk = 10
     config.total_env_steps = 1_000_000
+    config.cpu_worker_threads = 1  # its small kernels run fastest on one XLA:CPU thread
     config.agent.anneal_lr_updates = config.get_ref("total_env_steps") // (
         config.get_ref("num_envs") * config.get_ref("rollout_length"))
     config.checkpoint_every_updates = 200  # with a --workdir (the run has 490 updates)

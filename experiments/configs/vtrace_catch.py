@@ -17,4 +17,5 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent = vtrace.default_config()
     config.checkpoint_every_updates = 1000  # with a --workdir (the run has 3,907 updates)
     config.eval_every_updates = 500  # the return of the greedy policy, beside the training one
+    config.cpu_worker_threads = 1  # its small kernels run fastest on one XLA:CPU thread
     return config

@@ -26,6 +26,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Twice the agent's 0.01, with which the policy collapses early without PopArt; with
     # PopArt the two are about level at 1M, and 0.01 is not measured at 10M (docs/vtrace.md).
     config.agent.entropy_cost = 0.02
+    config.cpu_worker_threads = 0  # one XLA:CPU thread per core: its larger kernels use them
     config.num_envs = 64  # more updates per env step: A2C-style learning is update-bound
     config.rollout_length = 16
     config.updates_per_chunk = 100
