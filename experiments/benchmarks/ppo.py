@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import os
-import platform
 import time
 from collections.abc import Callable
 
@@ -45,7 +44,7 @@ import anakin
 import envs_jax
 from experiments.benchmarks import _ppo_reference
 from experiments.benchmarks._ceiling import env_ceiling_seconds
-from podracer import replication
+from podracer import machine, replication
 
 # experiments/configs/, next to this package.
 _CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -205,7 +204,7 @@ def main(argv):
     steps = result.history[-1]["env_steps"]
     device = jax.devices()[0]
     num_devices = anakin.validate(config, jax.device_count())
-    print(f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores; "
+    print(f"hardware: {machine.cpu_model()}, {os.cpu_count()} CPU cores; "
           f"{num_devices} x {device.platform} ({device.device_kind}); jax {jax.__version__}; "
           f"XLA:CPU worker threads: {(_worker_threads() or (None,))[0]}")
     print(f"workload: {config.agent.name} on {config.env.name}, {config.num_envs} envs, "
