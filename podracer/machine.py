@@ -93,3 +93,22 @@ def set_cpu_worker_threads(worker_threads: int) -> bool:
             "(the command-line runners do), or set %s=%d in the environment before JAX starts.",
             worker_threads, CPU_POOL_VARIABLE, worker_threads)
     return False
+
+
+def xla_cpu_worker_threads() -> tuple[int, int] | None:
+    """This process's XLA:CPU worker threads (named `tf_XLAEigen`): how many, and their
+    voluntary context switches so far; None where /proc does not tell (not Linux) or before
+    the CPU backend started."""
+    count = switches = 0
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if "XLAEigen" not in f.read():
+                    continue
+            count += 1
+            with open(f"/proc/self/task/{tid}/status") as f:
+                switches += sum(int(line.split()[1]) for line in f
+                                if line.startswith("voluntary_ctxt_switches:"))
+    except OSError:
+        return None
+    return (count, switches) if count else None

@@ -103,3 +103,20 @@ def test_a_pool_that_already_started_is_kept_and_said_so_once(monkeypatch, caplo
     said = [r.getMessage() for r in caplog.records if "cpu_worker_threads=5" in r.getMessage()]
     assert len(said) == 1 and "not applied" in said[0] and "PJRT_NPROC=5" in said[0]
     assert machine.set_cpu_worker_threads(0)  # XLA's own choice: nothing to apply
+
+
+@_linux
+def test_the_worker_threads_benchmark_times_each_size_in_a_process_of_that_size():
+    env = {k: v for k, v in os.environ.items() if k != machine.CPU_POOL_VARIABLE}
+    env["XLA_FLAGS"] = xla_flags(1)
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.benchmarks.worker_threads", "--configs=vtrace_catch",
+         "--sizes=0,1", "--rounds=1", "--seconds=0.05"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    cores = len(os.sched_getaffinity(0))
+    assert any(f"XLA default worker thread(s) ({cores} running)" in line for line in lines)
+    assert any("1 worker thread(s) (1 running)" in line for line in lines)
+    row = next(line for line in lines if line.startswith("| vtrace_catch |"))
+    assert row.endswith("| 1 |")  # the config's own value

@@ -69,24 +69,6 @@ _REFERENCE_IN_CHUNKS = flags.DEFINE_bool(
     "calls as anakin.train makes, to tell what the calls cost from what the program does.")
 
 
-def _worker_threads() -> tuple[int, int] | None:
-    """This process's XLA:CPU worker threads (named `tf_XLAEigen`): how many, and their
-    voluntary context switches so far; None where /proc does not tell (not Linux)."""
-    count = switches = 0
-    try:
-        for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if "XLAEigen" not in f.read():
-                    continue
-            count += 1
-            with open(f"/proc/self/task/{tid}/status") as f:
-                switches += sum(int(line.split()[1]) for line in f
-                                if line.startswith("voluntary_ctxt_switches:"))
-    except OSError:
-        return None
-    return (count, switches) if count else None
-
-
 def _reference_settings(config) -> dict:
     agent = config.agent
     return dict(num_envs=config.num_envs, num_steps=config.rollout_length,
@@ -169,9 +151,9 @@ def _reference_rounds(config, rounds: int, with_agent: bool, in_chunks: bool) ->
     switches = {name: [] for name, _ in contestants}
     for r in range(rounds):
         for name, fn in (contestants if r % 2 == 0 else contestants[::-1]):
-            before = _worker_threads()
+            before = machine.xla_cpu_worker_threads()
             figures[name].append(fn())
-            after = _worker_threads()
+            after = machine.xla_cpu_worker_threads()
             if before is not None and after is not None:
                 switches[name].append(after[1] - before[1])
     medians = {k: float(np.median([sps for sps, _ in v])) for k, v in figures.items()}
@@ -206,7 +188,7 @@ def main(argv):
     num_devices = anakin.validate(config, jax.device_count())
     print(f"hardware: {machine.cpu_model()}, {os.cpu_count()} CPU cores; "
           f"{num_devices} x {device.platform} ({device.device_kind}); jax {jax.__version__}; "
-          f"XLA:CPU worker threads: {(_worker_threads() or (None,))[0]}")
+          f"XLA:CPU worker threads: {(machine.xla_cpu_worker_threads() or (None,))[0]}")
     print(f"workload: {config.agent.name} on {config.env.name}, {config.num_envs} envs, "
           f"T={config.rollout_length}, {config.agent.num_epochs} epochs x "
           f"{config.agent.num_minibatches} minibatches, {result.history[-1]['updates']} updates "

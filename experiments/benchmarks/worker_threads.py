@@ -27,6 +27,8 @@ import sys
 
 from absl import app, flags
 
+import anakin
+from anakin.config import CPU_NUM_ENVS
 from podracer import machine
 
 _CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -53,12 +55,11 @@ def _load(name: str):
 def time_config(name: str, worker_threads: int, seconds: float) -> dict:
     """Environment steps per second of two runs of config `name` of about `seconds` each, in
     this process, with XLA:CPU's pool at `worker_threads` (its backends must not have started)."""
-    import anakin  # imported here: the parent process never starts JAX's backends
-
     config = _load(name)
     config.cpu_worker_threads = worker_threads
     config.eval_every_updates = 0
-    chunk = config.updates_per_chunk * (config.num_envs or 32) * config.rollout_length
+    num_envs = config.num_envs or CPU_NUM_ENVS  # 0: derived, on a CPU this many
+    chunk = config.updates_per_chunk * num_envs * config.rollout_length
     if not machine.set_cpu_worker_threads(worker_threads):
         raise RuntimeError("JAX's backends started before the pool was sized")
 
@@ -71,8 +72,10 @@ def time_config(name: str, worker_threads: int, seconds: float) -> dict:
     estimate, _ = run(1)
     chunks = max(2, round(seconds * estimate / chunk))
     (first, _), (second, final) = run(chunks), run(chunks)
+    running = machine.xla_cpu_worker_threads()
     return {"config": name, "worker_threads": worker_threads, "steps_per_second": [first, second],
-            "chunks": chunks, "episode_return": float(final.get("episode_return", "nan"))}
+            "chunks": chunks, "episode_return": float(final.get("episode_return", "nan")),
+            "threads_running": running[0] if running else None}
 
 
 def _child_result(name: str, worker_threads: int, seconds: float) -> dict:
@@ -93,18 +96,22 @@ def _median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def run(names: list[str], sizes: list[int], rounds: int, seconds: float) -> dict:
-    """{config: {size: [steps/s of every run]}}, timed in fresh processes, sizes alternating."""
+def run(names: list[str], sizes: list[int], rounds: int, seconds: float) -> tuple[dict, dict]:
+    """({config: {size: [steps/s of every run]}}, {config: {size: XLA:CPU worker threads seen
+    running, None where not told}}), timed in fresh processes, sizes alternating."""
     figures: dict = {name: {size: [] for size in sizes} for name in names}
+    running: dict = {name: {} for name in names}
     for name in names:
         for r in range(rounds):
             for size in (sizes if r % 2 == 0 else sizes[::-1]):
                 result = _child_result(name, size, seconds)
                 figures[name][size] += result["steps_per_second"]
-                print(f"  {name}, {size or 'XLA default'} worker thread(s): "
+                running[name][size] = result["threads_running"]
+                print(f"  {name}, {size or 'XLA default'} worker thread(s) "
+                      f"({result['threads_running']} running): "
                       f"{', '.join(f'{s:,.0f}' for s in result['steps_per_second'])} "
                       f"env steps/s (return {result['episode_return']:.3f})", flush=True)
-    return figures
+    return figures, running
 
 
 def main(argv: list[str]) -> None:
@@ -118,7 +125,7 @@ def main(argv: list[str]) -> None:
     print(f"{machine.cpu_model()}, {machine.host_cores()} cores; "
           f"python {platform.python_version()}; sizes {sizes} (0: XLA's own choice); "
           f"{_ROUNDS.value} rounds of 2 runs", flush=True)
-    figures = run(_CONFIGS.value, sizes, _ROUNDS.value, _SECONDS.value)
+    figures, _ = run(_CONFIGS.value, sizes, _ROUNDS.value, _SECONDS.value)
     print("\n| config | " + " | ".join(f"{s or 'XLA default'} worker thread(s)" for s in sizes)
           + " | config's cpu_worker_threads |")
     print("|---|" + "---:|" * (len(sizes) + 1))
