@@ -16,11 +16,11 @@ The order a runner follows (every process of a multi-process run, in step):
 
 What may differ between a checkpoint and the run resuming it: the fields that only say how
 long it runs, what it logs and on how many threads (`RESUMABLE_CHANGES`, plus a runner's
-own), and, when the
-researcher lists them in `config.resume_allow_changes`, other fields that change no array's
-shape (a lower learning rate, say). Everything else, and the device and process counts, must
-be equal. A checkpoint records the layout (path, shape, dtype) of every array it holds, so a
-change that would reshape the saved state is named as such, and never mistaken for damage.
+own), and, when the researcher lists them in `config.resume_allow_changes`, other fields that
+change no array's shape (a lower learning rate, say). Everything else, and the device and
+process counts, must be equal. A checkpoint records the layout (path, shape, dtype) of every
+array it holds, so a change that would reshape the saved state is named as such, and never
+mistaken for damage.
 """
 
 from __future__ import annotations
