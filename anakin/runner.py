@@ -219,8 +219,10 @@ def _derived(plan: RunPlan) -> str:
 def _print_banner(plan: RunPlan, session: RunSession, start: _Start,
                   compile_seconds: float) -> None:
     processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
+    platform = jax.devices()[0].platform
+    pool = machine.describe_cpu_pool() if platform == "cpu" else ""
     print(f"Anakin: {plan.agent_name} on {plan.env_name}, {plan.describe()}, "
-          f"{plan.num_devices} device(s){processes} ({jax.devices()[0].platform}), "
+          f"{plan.num_devices} device(s){processes} ({platform}{', ' + pool if pool else ''}), "
           f"{plan.num_envs} envs{_derived(plan)}, T={plan.rollout_length}, "
           f"{plan.updates_per_chunk} "
           f"updates/chunk, {plan.num_chunks} chunks; acting with "

@@ -95,6 +95,15 @@ def set_cpu_worker_threads(worker_threads: int) -> bool:
     return False
 
 
+def describe_cpu_pool() -> str:
+    """'1 XLA:CPU worker thread' (the pool running now, for a run's banner), or '' where /proc
+    does not tell."""
+    running = xla_cpu_worker_threads()
+    if running is None:
+        return ""
+    return f"{running[0]} XLA:CPU worker thread{'s' if running[0] != 1 else ''}"
+
+
 def xla_cpu_worker_threads() -> tuple[int, int] | None:
     """This process's XLA:CPU worker threads (named `tf_XLAEigen`): how many, and their
     voluntary context switches so far; None where /proc does not tell (not Linux) or before

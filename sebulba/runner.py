@@ -358,7 +358,8 @@ def _sizes_banner(plan: SebulbaPlan) -> str:
     listed = ", ".join(f"{field}={value}" for field, value in sizes.fields().items())
     derived = (f"derived from the machine ({plan.machine.describe()}): "
                f"{', '.join(sizes.derived)}" if sizes.derived else "none derived")
-    return f"Sebulba sizes: {listed}; {derived}"
+    pool = machine.describe_cpu_pool() if jax.devices()[0].platform == "cpu" else ""
+    return f"Sebulba sizes: {listed}; {derived}{'; ' + pool if pool else ''}"
 
 
 def _env_banner(description: dict[str, Any]) -> str:

@@ -26,14 +26,16 @@ _linux = pytest.mark.skipif(not os.path.isdir("/proc/self/task"),
                             reason="counts threads from /proc (Linux)")
 
 
-def _workers_in_a_fresh_process(code: str) -> int:
-    """XLA:CPU's worker threads in a fresh process with one CPU device, after `code`."""
+def _workers_in_a_fresh_process(code: str, printed: str = "") -> int:
+    """XLA:CPU's worker threads in a fresh process with one CPU device, after `code`, which
+    should print `printed`."""
     env = {k: v for k, v in os.environ.items() if k != machine.CPU_POOL_VARIABLE}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["XLA_FLAGS"] = xla_flags(1)  # one CPU device: XLA keeps a thread per device at least
     out = subprocess.run([sys.executable, "-c", code + _COUNT_WORKERS], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert printed in out.stdout, out.stdout
     return int(out.stdout.split("workers")[-1])
 
 
@@ -65,7 +67,7 @@ def test_an_anakin_run_in_a_fresh_process_starts_the_pool_its_config_asks_for():
         "config = vtrace_catch.get_config()\n"
         "config.update(num_devices=1, num_envs=4, rollout_length=4, updates_per_chunk=1,\n"
         "              total_env_steps=32, eval_every_updates=0, cpu_worker_threads=1)\n"
-        "anakin.train(config)\n") == 1
+        "anakin.train(config)\n", printed="1 device(s) (cpu, 1 XLA:CPU worker thread)") == 1
 
 
 @pytest.mark.parametrize("runner, config", [
