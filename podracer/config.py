@@ -113,25 +113,26 @@ def require_rollout_length_tied(config: ml_collections.ConfigDict) -> None:
             "set config.agent.rollout_length = config.get_ref('rollout_length')")
 
 
+def _whole_run_option(config: ml_collections.ConfigDict, field: str) -> int:
+    """`config.<field>` of `RUN_OPTION_DEFAULTS`, checked to be a whole number >= 0."""
+    value = run_option(config, field)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(field, f"must be a whole number >= 0, got {value!r}",
+                          f"set --config.{field} to an integer >= 0")
+    return value
+
+
 def cpu_worker_threads(config: ml_collections.ConfigDict) -> int:
     """`config.cpu_worker_threads` (0 when absent), checked before anything starts JAX's
     backends: a whole number >= 0."""
-    value = run_option(config, "cpu_worker_threads")
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError("cpu_worker_threads", f"must be a whole number >= 0, got {value!r}",
-                          "set --config.cpu_worker_threads to the worker threads XLA:CPU "
-                          "should start with, or 0 for one per core")
-    return value
+    return _whole_run_option(config, "cpu_worker_threads")
 
 
 def validate_run_options(config: ml_collections.ConfigDict) -> None:
     """The checkpoint, evaluation and worker-thread fields: whole numbers >= 0, and >= 1 where
     0 means nothing (keeping no checkpoint, evaluating no episode or no step)."""
     for field in RUN_OPTION_DEFAULTS:
-        value = run_option(config, field)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(field, f"must be a whole number >= 0, got {value!r}",
-                              f"set --config.{field} to an integer >= 0")
+        _whole_run_option(config, field)
     for field in ("checkpoint_keep", "eval_episodes", "eval_max_steps"):
         if run_option(config, field) == 0:
             raise ConfigError(field, "must be >= 1, got 0", f"set --config.{field} >= 1")

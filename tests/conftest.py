@@ -40,6 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from podracer import machine
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -319,24 +321,11 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(cores or 1, 4, int(memory_gib // 6)))
 
 
-def _cpu_model() -> str:
-    """The CPU's model name as Linux reports it (lscpu's 'Model name'), else the platform's."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine()
-
-
 def pytest_report_header(config) -> list[str]:
     """The CPU and core count at the top of every run's log: a failure that shows on one
     vendor's CPU and not another's can then be told apart from the log alone."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return [f"cpu: {_cpu_model()}, {cores} cores"]
+    return [f"cpu: {machine.cpu_model()}, {cores} cores"]
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

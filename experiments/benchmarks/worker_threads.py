@@ -17,11 +17,12 @@ XLA's own choice measured in the same rounds (the reference: nothing else bounds
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import importlib
 import io
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 
@@ -31,8 +32,8 @@ import anakin
 from anakin.config import CPU_NUM_ENVS
 from podracer import machine
 
-_CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "configs")
+# The repository root, where a child process runs `python -m` from.
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _DEFAULT_CONFIGS = ["vtrace_catch", "vtrace_cartpole", "vtrace_acrobot", "vtrace_minatar",
                     "ppo_cartpole", "ppo_pendulum", "dqn_catch", "dqn_cartpole",
                     "pqn_cartpole", "pqn_minatar", "muzero_catch", "efficientzero_catch"]
@@ -45,11 +46,7 @@ _CHILD = flags.DEFINE_string("child", None, "Internal: time this config in this 
 
 
 def _load(name: str):
-    path = os.path.join(_CONFIGS_DIR, f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return importlib.import_module(f"experiments.configs.{name}").get_config()
 
 
 def time_config(name: str, worker_threads: int, seconds: float) -> dict:
@@ -83,17 +80,11 @@ def _child_result(name: str, worker_threads: int, seconds: float) -> dict:
     command = [sys.executable, "-m", "experiments.benchmarks.worker_threads", f"--child={name}",
                f"--sizes={worker_threads}", f"--seconds={seconds}"]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=False,
-                         cwd=os.path.dirname(os.path.dirname(_CONFIGS_DIR)))
+                         cwd=_ROOT)
     if out.returncode:
         raise RuntimeError(f"{name} at {worker_threads} worker threads failed:\n"
                            f"{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def run(names: list[str], sizes: list[int], rounds: int, seconds: float) -> tuple[dict, dict]:
@@ -130,10 +121,9 @@ def main(argv: list[str]) -> None:
           + " | config's cpu_worker_threads |")
     print("|---|" + "---:|" * (len(sizes) + 1))
     for name, by_size in figures.items():
-        default = _median(by_size[0])
-        cells = [f"{_median(by_size[0]):,.0f}"] + [
-            f"{_median(by_size[s]):,.0f} ({_median(by_size[s]) / default:.2f}x)"
-            for s in sizes if s]
+        medians = {size: statistics.median(runs) for size, runs in by_size.items()}
+        cells = [f"{medians[0]:,.0f}"] + [
+            f"{medians[size]:,.0f} ({medians[size] / medians[0]:.2f}x)" for size in sizes if size]
         print(f"| {name} | " + " | ".join(cells) + f" | {_load(name).cpu_worker_threads} |")
 
 
