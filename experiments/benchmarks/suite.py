@@ -31,7 +31,8 @@ environment (`curves_<env>.png`, every agent's mean and range over seeds), and e
 workdir (`runs/<agent>/<env>/`, its `run_<i>/metrics.jsonl`). An existing `--out_dir` is refused
 unless `--resume`, which skips the pairs already done. A pair stopped by SIGTERM (preemption) stops
 the suite: it is not marked done, no later pair starts, and `--resume` continues it from its
-checkpoint.
+checkpoint. Send the signal to the Python process (`pkill -TERM -f experiments.benchmarks.suite`):
+a shell that started it as part of a longer command dies and leaves the suite running.
 """
 
 from __future__ import annotations
