@@ -163,6 +163,26 @@ def test_shipped_dqn_configs_are_valid():
     assert atari.env.task == "Pong-v5" and atari.agent.torso == "conv"
 
 
+def test_dqn_minatar_config_is_the_cartpole_settings_with_the_minatar_network():
+    import anakin
+    from experiments.configs import dqn_cartpole, dqn_minatar
+    from podracer.agent import parameter_count
+
+    config, cartpole = dqn_minatar.get_config(), dqn_cartpole.get_config()
+    assert anakin.validate(config, 8) == 1
+    for field in ("num_envs", "rollout_length", "updates_per_chunk"):
+        assert config[field] == cartpole[field], field
+    for field in ("replay_ratio", "batch_size", "learning_rate", "layer_norm", "n_step",
+                  "target_update_interval", "epsilon_end", "replay_capacity"):
+        assert config.agent[field] == cartpole.agent[field], field
+    # epsilon anneals over the same 32% of the run as CartPole's: 5,000 of 15,625 learner steps
+    assert config.agent.epsilon_anneal_steps / (config.total_env_steps / 64) == 0.32
+    spec = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(3))
+    agent = agents.make(config.agent, spec)
+    # conv 3*3*4*16 + 16, LayerNorm 2*16, dense 8*8*16*128 + 128, LayerNorm 2*128, q 128*3 + 3
+    assert parameter_count(agent, spec) == 592 + 32 + 131_200 + 256 + 387
+
+
 def test_the_conformance_check_builds_dqn_at_its_defaults():
     # The check lowers the 1,000-transition warm-up to what its trajectories bring; DQN refuses
     # a warm-up below one batch, so the batch is lowered with it (and the report says so).
