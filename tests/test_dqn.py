@@ -177,8 +177,11 @@ def test_dqn_minatar_config_is_the_cartpole_settings_with_the_minatar_network():
     for field in ("replay_ratio", "batch_size", "learning_rate", "layer_norm", "n_step",
                   "target_update_interval", "epsilon_end", "replay_capacity"):
         assert config.agent[field] == cartpole.agent[field], field
-    # epsilon anneals over the same 32% of the run as CartPole's: 5,000 of 15,625 learner steps
+    # epsilon anneals over the same 32% of the run as CartPole's: 5,000 of 15,625 learner steps,
+    # and at a run length set on the command line, 50,000 of 10M / 64 = 156,250
     assert config.agent.epsilon_anneal_steps / (config.total_env_steps / 64) == 0.32
+    config.total_env_steps = 10_000_000
+    assert config.agent.epsilon_anneal_steps == 50_000
     spec = EnvSpec(observation=ArraySpec((10, 10, 4), np.bool_), action=DiscreteSpec(3))
     agent = agents.make(config.agent, spec)
     # conv 3*3*4*16 + 16, LayerNorm 2*16, dense 8*8*16*128 + 128, LayerNorm 2*128, q 128*3 + 3

@@ -6,7 +6,8 @@ PQN's LayerNorm).
     python -m experiments.anakin --config=experiments/configs/dqn_minatar.py --workdir=/tmp/dqn
 
 8 environments, T = 8, 2 updates of 128 positions per learner step, a target copy every 100
-updates, epsilon from 1 to 0.01 over the first 320K steps of the 1M. On Asterix the MLP on the
+updates, epsilon from 1 to 0.01 over the first 32% of the run (320K steps of the 1M), as in
+`dqn_cartpole.py`. On Asterix the MLP on the
 flattened board that `dqn_cartpole.py` uses barely learns and this network does, at several
 times the MLP's cost on a CPU (docs/dqn.md, "DQN on MinAtar: the torso").
 
@@ -25,6 +26,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.torso = "board_conv"
     config.agent.hidden_sizes = (128,)
     config.total_env_steps = 1_000_000  # 15,625 learner steps
-    config.agent.epsilon_anneal_steps = 5_000  # learner steps: 320K env steps
+    # epsilon reaches its end after the first 32% of the learner steps (5,000 of the 1M run's),
+    # whatever the run length on the command line.
+    updates = config.get_ref("total_env_steps") // (
+        config.get_ref("num_envs") * config.get_ref("rollout_length"))
+    config.agent.epsilon_anneal_steps = updates * 32 // 100
     config.eval_every_updates = 0
     return config
