@@ -16,6 +16,7 @@ rule, to show that the rules building on a failed one are skipped rather than fa
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import compiled_without_optimisations
 
 from agents import (
     efficientzero,
@@ -33,13 +34,10 @@ from podracer.config import ConfigError
 
 @pytest.fixture(autouse=True, scope="module")
 def _cheapest_compilation():
-    """These tests check the rules' verdicts, not speed, and their time is mostly XLA compiling
-    the agents' programs: compiled without XLA's optimisations (the same maths), the built-in
-    agents' checks take about a quarter less time. Restored for the tests that follow."""
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
+    """These tests check the rules' verdicts, not speed: compiled without XLA's optimisations.
+    Restored for the tests that follow."""
+    with compiled_without_optimisations():
+        yield
 
 
 def _small_muzero(module):
