@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import time
-import warnings
 
 import envpool
 import jax
@@ -312,12 +311,10 @@ def _always_left(seen_evaluation: list) -> Agent:
 def _reference_lengths(num_envs: int, seed: int) -> np.ndarray:
     """Steps to the end of each environment's first episode when always pushing left, from
     envpool itself (CartPole pays 1 per step, so these are also the returns)."""
-    # Played here directly, outside the library's filter for gymnasium's warning about
-    # envpool's float64 Box bounds, which envpool raises when it builds its spaces, at make and
-    # at reset (test_sebulba_envpool checks that filter).
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*Box (low|high)'s precision lowered",
-                                category=UserWarning)
+    # Played here directly, so under the library's own filter for gymnasium's warning about
+    # envpool's float64 Box bounds, which envpool raises at make and at reset
+    # (test_sebulba_envpool checks that the library's start-up uses it).
+    with envpool_env._quiet_box_precision():
         env = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=num_envs, seed=seed)
         env.reset()
         lengths = np.zeros(num_envs, int)
