@@ -39,6 +39,10 @@ def default_config() -> ml_collections.ConfigDict:
     config.rollout_length = 16  # T: steps per trajectory (and per update)
     config.updates_per_chunk = 50  # K: updates per compiled call; one log line per chunk
     config.total_env_steps = 2_000_000  # agent steps of the run, rounded up to whole chunks
+    # Set by the runner: the run's learner updates (whole chunks of total_env_steps at the
+    # num_envs used, derived or not). A schedule over the run references it, e.g.
+    # config.agent.anneal_lr_updates = config.get_ref("learner_steps"); leave it at 0.
+    config.learner_steps = 0
     # With a --workdir, learner updates between checkpoints in <workdir>/checkpoints, taken at
     # the first chunk end past each multiple; 0 = none but the one at the end and on SIGTERM.
     config.checkpoint_every_updates = 0
@@ -137,6 +141,13 @@ def derive_num_envs(machine: Machine, num_devices: int) -> int:
     return -(-CPU_NUM_ENVS // num_devices) * num_devices
 
 
+def learner_updates(config: ml_collections.ConfigDict, num_envs: int) -> int:
+    """The learner updates of a run of `num_envs` environments: `total_env_steps` rounded up to
+    whole chunks of `updates_per_chunk` updates of `num_envs` x `rollout_length` steps."""
+    steps_per_chunk = config.updates_per_chunk * config.rollout_length * num_envs
+    return -(-config.total_env_steps // steps_per_chunk) * config.updates_per_chunk
+
+
 def validate(config: ml_collections.ConfigDict, num_available_devices: int) -> int:
     """Checks `config` and returns the number of devices the run will use."""
     return check(config, num_available_devices).num_devices
@@ -152,6 +163,8 @@ class Checked:
     agent: Agent
     num_envs: int = 0  # config.num_envs, or derived from `machine` where it is 0
     machine: Machine | None = None  # set where num_envs was derived
+    # The config the run uses: num_envs and learner_steps set, field references resolved.
+    config: ml_collections.ConfigDict | None = None
 
 
 def check(config: ml_collections.ConfigDict, num_available_devices: int,
@@ -192,6 +205,11 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int,
     else:
         machine = detect() if machine is None else machine
         num_envs = derive_num_envs(machine, num_devices)
+    given_num_envs = config.num_envs
+    learner_steps = learner_updates(config, num_envs)
+    cfg.require_runner_field(config, cfg.LEARNER_STEPS_FIELD, learner_steps)
+    config = cfg.with_run_figures(config, {"num_envs": num_envs,
+                                           cfg.LEARNER_STEPS_FIELD: learner_steps})
     env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
     env = envs_jax.wrap_for_training(env, config.env.max_episode_steps or None,
                                      frame_stack=frame_stack)
@@ -209,4 +227,4 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int,
         sweepable = agent.sweepable if agent.set_hparams is not None else ()
         _validate_sweep(config, sweepable, config.agent.name)
     return Checked(num_devices=num_devices, env=env, agent=agent, num_envs=num_envs,
-                   machine=None if config.num_envs else machine)
+                   machine=None if given_num_envs else machine, config=config)

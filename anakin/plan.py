@@ -70,11 +70,11 @@ def make_plan(config: ml_collections.ConfigDict, num_available_devices: int) -> 
     """Validates `config` (a bad field raises `ConfigError`, naming it and the fix) and plans the
     run on `num_available_devices` devices."""
     checked = check(config, num_available_devices)
+    config = checked.config  # num_envs and learner_steps set, references resolved
     runs = sweep_runs(config)
-    steps_per_chunk = config.updates_per_chunk * config.rollout_length * checked.num_envs
-    recorded = {**metrics_lib.config_to_dict(config), "num_envs": checked.num_envs}
     return RunPlan(
-        config=recorded_config(recorded, agents.choices(config.agent, checked.env.spec())),
+        config=recorded_config(metrics_lib.config_to_dict(config),
+                               agents.choices(config.agent, checked.env.spec())),
         agent_name=config.agent.name,
         env_name=config.env.name,
         env=checked.env,
@@ -83,7 +83,7 @@ def make_plan(config: ml_collections.ConfigDict, num_available_devices: int) -> 
         num_envs=checked.num_envs,
         rollout_length=config.rollout_length,
         updates_per_chunk=config.updates_per_chunk,
-        num_chunks=-(-config.total_env_steps // steps_per_chunk),
+        num_chunks=config.learner_steps // config.updates_per_chunk,
         runs=tuple(runs or [Run(seed=config.seed, hparams={})]),
         sweep=runs is not None,
         eval_every=option(config, "eval_every_updates"),

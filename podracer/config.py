@@ -6,7 +6,7 @@ helpers; every error names the offending field and says how to fix it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import ml_collections
@@ -79,6 +79,64 @@ RUN_OPTION_DEFAULTS: dict[str, Any] = {
     "eval_max_steps": 1000,
     "cpu_worker_threads": 0,  # 0: XLA's own choice, one per core the process may use
 }
+
+
+# The run's learner steps, which the runner counts from the sizes it uses (derived ones
+# included), processes and devices. An agent's schedule over the whole run references it:
+# `config.agent.anneal_lr_updates = config.get_ref("learner_steps")`.
+LEARNER_STEPS_FIELD = "learner_steps"
+
+
+def with_run_figures(config: ml_collections.ConfigDict, figures: Mapping[str, Any]
+                     ) -> ml_collections.ConfigDict:
+    """A copy of `config`, its field references resolved, holding `figures` ({dotted field:
+    value}: the sizes a runner derived, `learner_steps`). They are in place while the
+    references resolve, so that a field computed from them (a schedule over the run) reads what
+    the run uses; `config` itself is left as it was. A figure of another type than its field (a
+    size left at ()) replaces the field in the copy."""
+    replaced, restore = {}, []
+    try:
+        for field, value in figures.items():
+            node, name = _parent(config, field)
+            if name not in node:
+                replaced[field] = value
+                continue
+            old = node[name]
+            try:
+                node[name] = value  # through the field's reference, where it has one
+            except TypeError:
+                replaced[field] = value
+                continue
+            restore.append((node, name, old))
+        resolved = config.copy_and_resolve_references()
+    finally:
+        for node, name, old in reversed(restore):
+            node[name] = old
+    with resolved.unlocked():
+        for field, value in replaced.items():
+            node, name = _parent(resolved, field)
+            if name in node:
+                del node[name]
+            node[name] = value
+    return resolved
+
+
+def _parent(config: ml_collections.ConfigDict, field: str
+            ) -> tuple[ml_collections.ConfigDict, str]:
+    """The ConfigDict holding dotted `field`, and the field's own name."""
+    *parents, name = field.split(".")
+    for parent in parents:
+        config = config[parent]
+    return config, name
+
+
+def require_runner_field(config: ml_collections.ConfigDict, field: str, value: int) -> None:
+    """`config.<field>` (a figure the runner sets) is absent, 0, or already `value`."""
+    given = config.get(field, 0)
+    if given not in (0, value):
+        raise ConfigError(field, f"is set by the runner ({value} for this run), got {given!r}",
+                          f"leave it at 0, and reference it where a field depends on it: "
+                          f"config.get_ref({field!r})")
 
 
 def run_option(config: ml_collections.ConfigDict, field: str) -> Any:

@@ -41,10 +41,12 @@ from podracer.checkpoint import Checkpointer, Restored, read_metadata, state_lay
 from podracer.config import ConfigError
 
 # Fields that may change between an interrupted run and its resumption without any opt-in:
-# they change how long it runs, what it logs and how fast, not the state it carries.
-RESUMABLE_CHANGES = ("total_env_steps", "checkpoint_every_updates", "checkpoint_keep",
-                     "eval_every_updates", "eval_episodes", "eval_max_steps",
-                     "cpu_worker_threads", "resume_allow_changes")
+# they change how long it runs, what it logs and how fast, not the state it carries
+# (`learner_steps` is the runner's count of total_env_steps in updates; an agent field that
+# references it is compared on its own).
+RESUMABLE_CHANGES = ("total_env_steps", "learner_steps", "checkpoint_every_updates",
+                     "checkpoint_keep", "eval_every_updates", "eval_episodes",
+                     "eval_max_steps", "cpu_worker_threads", "resume_allow_changes")
 ALLOW_CHANGES_FIELD = "resume_allow_changes"
 
 

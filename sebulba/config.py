@@ -56,6 +56,10 @@ def default_config() -> ml_collections.ConfigDict:
     config.policy_lag = 1  # fixed protocol: rollout k acts with version max(k - 1 - lag, 0)
     config.queue_size = 1  # trajectories each actor thread may have waiting for the learner
     config.total_env_steps = 500_000  # agent steps over all processes
+    # Set by the runner: the run's learner updates (from total_env_steps and the sizes, derived
+    # ones included). A schedule over the run references it, e.g.
+    # config.agent.anneal_lr_updates = config.get_ref("learner_steps"); leave it at 0.
+    config.learner_steps = 0
     config.log_every_updates = 20  # one metrics.jsonl line (and progress line) per this many
     config.timeout_s = 300.0  # longest any thread waits for another before the run fails
     config.save_final_params = False  # write <workdir>/final_params.process<i>.npz at the end
@@ -176,19 +180,15 @@ def resolve_sizes(config: ml_collections.ConfigDict, machine: Machine) -> Sizes:
                         env_threads=_size_or_auto(config, "env.num_threads"))
 
 
-def with_sizes(config: ml_collections.ConfigDict, sizes: Sizes) -> ml_collections.ConfigDict:
-    """A copy of `config` holding `sizes` in place of what it left to the machine."""
-    config = config.copy_and_resolve_references()
-    with config.unlocked():
-        for field, value in sizes.fields().items():
-            node = config
-            *parents, name = field.split(".")
-            for parent in parents:
-                node = node[parent]
-            # Assigned as a fresh field: () and 0 fix no type for the derived values.
-            del node[name]
-            node[name] = value
-    return config
+def with_sizes(config: ml_collections.ConfigDict, sizes: Sizes,
+               learner_steps: int | None = None) -> ml_collections.ConfigDict:
+    """A copy of `config` holding `sizes` in place of what it left to the machine (and the
+    run's `learner_steps`, once counted), its references resolved: a field computed from them
+    reads what the run uses."""
+    figures = dict(sizes.fields())
+    if learner_steps is not None:
+        figures[cfg.LEARNER_STEPS_FIELD] = learner_steps
+    return cfg.with_run_figures(config, figures)
 
 
 def resolved(config: ml_collections.ConfigDict, machine: Machine | None = None

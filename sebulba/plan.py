@@ -12,12 +12,13 @@ import jax
 import ml_collections
 
 import agents
+from podracer import config as cfg
 from podracer import metrics as metrics_lib
 from podracer.agent import Agent
 from podracer.config import run_option
 from podracer.machine import Machine, detect
 from podracer.workdir import recorded_config
-from sebulba.config import Environment, Sizes, Topology, resolved, validate
+from sebulba.config import Environment, Sizes, Topology, resolved, validate, with_sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,14 +101,18 @@ def make_plan(config: ml_collections.ConfigDict) -> SebulbaPlan:
     config leaves to the machine are derived here, once (`sebulba.config.derive_sizes`), and
     recorded in the plan's config as derived."""
     machine = detect()
-    config, sizes = resolved(config, machine)
+    given = config
+    config, sizes = resolved(given, machine)
     topology = validate(config, machine=machine)
     env = topology.environment
     local = jax.local_devices()
     num_processes = jax.process_count()
-    agent = agents.make(config.agent, env.spec)
     steps_per_update = (num_processes * topology.num_actor_threads
                         * config.envs_per_actor_thread * config.rollout_length)
+    num_updates = max(1, math.ceil(config.total_env_steps / steps_per_update))
+    cfg.require_runner_field(given, cfg.LEARNER_STEPS_FIELD, num_updates)
+    config = with_sizes(given, sizes, learner_steps=num_updates)
+    agent = agents.make(config.agent, env.spec)
     return SebulbaPlan(
         config=recorded_config(metrics_lib.config_to_dict(config),
                                agents.choices(config.agent, env.spec)),
@@ -129,7 +134,7 @@ def make_plan(config: ml_collections.ConfigDict) -> SebulbaPlan:
         envs_per_thread=config.envs_per_actor_thread,
         rollout_length=config.rollout_length,
         queue_size=config.queue_size,
-        num_updates=max(1, math.ceil(config.total_env_steps / steps_per_update)),
+        num_updates=num_updates,
         staleness=config.staleness,
         policy_lag=config.policy_lag,
         log_every=config.log_every_updates,

@@ -119,6 +119,33 @@ def test_num_envs_left_to_the_machine():
         anakin_config.check(config, 1)
 
 
+def test_a_schedule_over_the_run_reads_the_sizes_and_the_learner_steps_the_run_uses():
+    from experiments.configs import ppo_cartpole
+    from podracer.machine import Machine
+
+    # ppo_cartpole anneals over total_env_steps // (num_envs x T) = 499,712 // (4 x 128) = 976
+    # updates. With num_envs left to the machine (32 on a CPU) the formula reads the derived
+    # size, 499,712 // 4,096 = 122, where it once divided by 0.
+    config = ppo_cartpole.get_config()
+    config.num_envs = 0
+    checked = anakin_config.check(config, 1, machine=Machine(cores=2, platform="cpu",
+                                                             num_devices=1))
+    assert (checked.num_envs, checked.config.agent.anneal_lr_updates) == (32, 122)
+    assert config.num_envs == 0 and config.learner_steps == 0  # the caller's config unchanged
+    # learner_steps counts whole chunks: 500,000 steps at 122 updates x 512 steps a chunk take
+    # 9 chunks, 1,098 updates (the floor formula would stop annealing at 976).
+    config = ppo_cartpole.get_config()
+    config.total_env_steps = 500_000
+    config.agent.anneal_lr_updates = config.get_ref("learner_steps")
+    checked = anakin_config.check(config, 1)
+    assert checked.config.learner_steps == checked.config.agent.anneal_lr_updates == 1098
+    # The runner sets it; a value of the config's own is refused, naming the field.
+    config.learner_steps = 1000
+    with pytest.raises(ConfigError) as info:
+        anakin_config.check(config, 1)
+    assert info.value.field == "learner_steps" and "1098 for this run" in str(info.value)
+
+
 def test_an_agent_rollout_length_not_tied_to_the_runners_is_refused_before_compiling(
         monkeypatch):
     from experiments.configs import muzero_catch

@@ -50,6 +50,8 @@ def test_resolved_config_is_saved_as_json_and_yaml(run):
     expected["agent"]["torso"] = "mlp"  # Catch's board is smaller than the conv's field
     expected["agent"]["hidden_sizes"] = [64, 64]  # a 2-D array, not an image: 2 x 64
     expected["agent"]["logit_scale"] = 1.0  # a 64-wide head: unscaled
+    assert expected["learner_steps"] == 0  # and the runner's count: 4 chunks of 5 updates
+    expected["learner_steps"] = 20
     assert saved == expected
     assert yaml.safe_load(pathlib.Path(workdir, "config.yaml").read_text()) == saved
     assert saved["agent"]["learning_rate"] == config.agent.learning_rate

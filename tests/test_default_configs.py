@@ -37,16 +37,18 @@ OPEN = ("env.kwargs", "env.eval_kwargs", "sweep.agent")
 _RUN_OPTIONS = {field: (lambda c, f=field: run_option(c, f)) for field in RUN_OPTION_DEFAULTS}
 _ALLOWED_CHANGES = {  # read when resuming, by `podracer.workdir`, from the resolved config
     "resume_allow_changes": lambda c: workdir.allowed_changes(metrics.config_to_dict(c))}
+# Set by the runner (`podracer.config.with_run_figures`); a config without it is given it.
+_LEARNER_STEPS = {"learner_steps": lambda c: c.get("learner_steps", 0)}
 OPTIONAL = {
     "anakin": {
-        **_RUN_OPTIONS, **_ALLOWED_CHANGES,
+        **_RUN_OPTIONS, **_ALLOWED_CHANGES, **_LEARNER_STEPS,
         "env.kwargs": lambda c: dict(c.env.get("kwargs", {})),  # validate, runner
         "env.frame_stack": lambda c: c.env.get("frame_stack", 1),  # validate
         "sweep.seeds": sweep_runs,
         "sweep.agent": sweep_runs,
     },
     "sebulba": {
-        **_RUN_OPTIONS, **_ALLOWED_CHANGES,
+        **_RUN_OPTIONS, **_ALLOWED_CHANGES, **_LEARNER_STEPS,
         "env.kwargs": lambda c: dict(c.env.get("kwargs", {})),  # validate, runner
         "env.eval_kwargs": lambda c: dict(c.env.get("eval_kwargs", {})),  # validate, runner
         "env.num_workers": lambda c: c.env.get("num_workers", 0),  # validate (gymnasium tasks)

@@ -158,6 +158,35 @@ def test_validate_resolves_and_records_the_derived_sizes():
     assert sebulba_config.resolve_sizes(config, Machine(2, "cpu", 1)).derived == ()
 
 
+@pytest.mark.parametrize("sizes, learner_steps", [
+    # 500,000 steps of T = 128: 8 envs on 1 thread on 1 device, ceil(500,000 / 1,024) = 489
+    ({}, 489),
+    # left to a 2-core CPU (1 thread x 32 envs): ceil(500,000 / 4,096) = 123
+    ({"actor_threads_per_device": 0, "envs_per_actor_thread": 0}, 123),
+    # two actor devices: ceil(500,000 / 2,048) = 245
+    ({"actor_device_ids": (0, 1), "learner_device_ids": (2,)}, 245),
+])
+def test_a_schedule_over_the_run_follows_the_learner_steps_of_the_sizes_used(
+        sizes, learner_steps, monkeypatch):
+    # sebulba_ppo_cartpole anneals its step size over config.learner_steps, which the plan
+    # counts from the sizes, devices and processes of the run (derived ones included).
+    from experiments.configs import sebulba_ppo_cartpole
+    from sebulba import plan as sebulba_plan
+
+    monkeypatch.setattr(sebulba_plan, "detect", lambda: Machine(2, "cpu", 8))
+    config = sebulba_ppo_cartpole.get_config()
+    set_fields(config, sizes)
+    plan = sebulba_plan.make_plan(config)
+    assert plan.num_updates == learner_steps
+    assert plan.config["learner_steps"] == plan.config["agent"]["anneal_lr_updates"] == learner_steps
+    assert config.learner_steps == 0  # the caller's config unchanged
+    config.learner_steps = 7
+    with pytest.raises(ConfigError) as info:
+        sebulba_plan.make_plan(config)
+    assert info.value.field == "learner_steps"
+    assert f"{learner_steps} for this run" in str(info.value)
+
+
 def test_an_agent_rollout_length_not_tied_to_the_runners_is_refused():
     from agents import muzero
 

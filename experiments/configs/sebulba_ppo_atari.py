@@ -44,10 +44,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.rollout_length = 128  # T
     config.policy_lag = 1  # acting overlaps learning: one version stale, corrected above
     config.total_env_steps = 10_000_000  # agent steps over all processes (40M frames)
-    # One actor device in one process: these are the learner steps of the run.
-    config.agent.anneal_lr_updates = config.get_ref("total_env_steps") // (
-        config.get_ref("envs_per_actor_thread") * config.get_ref("rollout_length")
-        * config.get_ref("actor_threads_per_device"))
+    # The step size reaches 0 at the run's last learner step, which the runner counts from the
+    # sizes, devices and processes it uses.
+    config.agent.anneal_lr_updates = config.get_ref("learner_steps")
     config.log_every_updates = 10
     config.checkpoint_every_updates = 500
     config.eval_every_updates = 500

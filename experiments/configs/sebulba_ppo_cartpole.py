@@ -27,15 +27,14 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.num_epochs = 4
     config.agent.num_minibatches = 4  # per learner device
     config.agent.off_policy = "plain"  # "plain" | "corrected": what to do with stale data
-    config.actor_threads_per_device = 1  # the learning-rate schedule below counts on it
+    config.actor_threads_per_device = 1  # one thread of 8 environments, as measured
     config.envs_per_actor_thread = 8
     config.rollout_length = 128
     config.policy_lag = 0  # on-policy; 1 overlaps acting with learning (off-policy by 1)
     config.total_env_steps = 500_000
-    # One actor thread on one device in one process: these are the learner steps of the run.
-    config.agent.anneal_lr_updates = config.get_ref("total_env_steps") // (
-        config.get_ref("envs_per_actor_thread") * config.get_ref("rollout_length")
-        * config.get_ref("actor_threads_per_device"))
+    # The step size reaches 0 at the run's last learner step, which the runner counts from the
+    # sizes, devices and processes it uses.
+    config.agent.anneal_lr_updates = config.get_ref("learner_steps")
     config.log_every_updates = 10
     config.checkpoint_every_updates = 100
     config.eval_every_updates = 100
