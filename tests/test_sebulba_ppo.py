@@ -73,6 +73,7 @@ def test_shipped_ppo_configs_are_valid():
         sebulba_ppo_atari,
         sebulba_ppo_pendulum,
     )
+    from sebulba import plan as sebulba_plan
 
     assert anakin.validate(ppo_cartpole.get_config(), 8) == 1  # 4 envs: one device
     assert anakin.validate(ppo_pendulum.get_config(), 8) == 8
@@ -80,9 +81,11 @@ def test_shipped_ppo_configs_are_valid():
         sebulba.validate(module.get_config(), num_local_devices=1, num_processes=1)
     atari = sebulba_ppo_atari.get_config()
     assert atari.env.protocol == "impala"
-    # The step size reaches 0 at the run's last update, also for a run length set later.
+    # The step size reaches 0 at the run's last update, also for a run length set later: 2
+    # threads x 4 envs x T = 128 make 1,024 steps an update, so 102,400 steps are 100 updates.
     atari.total_env_steps = 2 * 4 * 128 * 100
-    assert atari.agent.anneal_lr_updates == 100
+    plan = sebulba_plan.make_plan(atari)
+    assert plan.num_updates == plan.config["agent"]["anneal_lr_updates"] == 100
 
 
 def test_gaussian_policy_improves_on_envpool_pendulum():
