@@ -92,8 +92,8 @@ def with_run_figures(config: ml_collections.ConfigDict, figures: Mapping[str, An
     """A copy of `config`, its field references resolved, holding `figures` ({dotted field:
     value}: the sizes a runner derived, `learner_steps`). They are in place while the
     references resolve, so that a field computed from them (a schedule over the run) reads what
-    the run uses; `config` itself is left as it was. A figure of another type than its field (a
-    size left at ()) replaces the field in the copy."""
+    the run uses; `config` itself is left as it was. A figure its field's type refuses replaces
+    the field in the copy instead."""
     replaced, restore = {}, []
     try:
         for field, value in figures.items():
