@@ -53,7 +53,10 @@ class ParamsStore:
     lag), waiting until it is published and computed, or the newest version already computed
     (so that an actor never stalls behind an update in progress). The last `keep` versions are
     kept, enough for the fixed-lag protocol: when rollout k asks for version k - 1 - lag, the
-    learner is at most at k - 1; the newest computed version is kept as well.
+    learner is at most at k - 1. An older version goes only once a newer one is computed, so
+    that the newest computed version is always here, whenever it finished: a version dropped
+    while still computing would leave "latest" actors an older one than the lag bound allows.
+    The learner keeps at most two updates in flight, so this holds at most two versions more.
     """
 
     def __init__(self, devices: Sequence[jax.Device], keep: int):
@@ -70,9 +73,9 @@ class ParamsStore:
         with self._cond:
             self._versions[version] = copies
             ready = [v for v in self._versions if _ready(self._versions[v])]
-            newest_ready = max(ready, default=None)
+            newest_ready = max(ready, default=-1)
             for old in [v for v in self._versions
-                        if v <= version - self.keep and v != newest_ready]:
+                        if v <= version - self.keep and v < newest_ready]:
                 del self._versions[old]
             self._newest = version
             self._cond.notify_all()

@@ -33,6 +33,7 @@ from sebulba.learner import (
     make_local_actor_params,
     make_update,
 )
+from sebulba import params as sebulba_params
 from sebulba.params import ParamsStore
 
 T, B = 5, 4
@@ -206,3 +207,24 @@ def test_the_learner_dispatches_each_update_before_the_previous_one_is_computed(
     assert calls[0] == []
     assert calls[1] == [False]  # update 2 called while update 1 computes
     assert calls[2][0] and calls[3][1]  # update u - 2 computed before update u is called
+
+
+def test_the_store_keeps_a_version_that_finishes_after_a_newer_one_is_published(monkeypatch):
+    # Under "latest" staleness (keep = 1) the learner publishes version u + 1 while u may still
+    # be computing. When u finishes first, it is the newest computed version and the one the
+    # actors must get, not the version before it: the lag bound of `sebulba.params` counts on
+    # it. Readiness is set by hand here, so that the order of events is the test's.
+    computed = {0}
+    monkeypatch.setattr(sebulba_params, "_ready", lambda tree: all(
+        int(leaf) in computed for leaf in jax.tree.leaves(tree)))
+    store = ParamsStore(jax.devices()[:1], keep=1)
+    store.publish(0, jnp.asarray(0))
+    store.publish(1, jnp.asarray(1))  # update 1 dispatched, not computed
+    store.publish(2, jnp.asarray(2))  # update 2 dispatched while 1 still computes
+    assert store.newest(0)[0] == 0
+    computed.add(1)  # update 1 finishes; update 2 still computes
+    assert store.newest(0)[0] == 1
+    computed.add(2)
+    store.publish(3, jnp.asarray(3))  # 2 is computed: every older version can go
+    assert sorted(store._versions) == [2, 3]
+    assert store.newest(0)[0] == 2
