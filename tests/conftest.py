@@ -1,8 +1,8 @@
-"""Test setup: 8 simulated CPU devices, configured before JAX initialises; helpers for the
-tests that run experiments as real processes; `assert_trees_equal`, which compares run
-states exactly or, across different compiled programs, to a stated tolerance; and
-`compiled_without_optimisations`, for tests that check a verdict rather than numbers (import
-them: `from conftest import ...`)."""
+"""Test setup: 8 simulated CPU devices, configured before JAX initialises; programs compiled
+without XLA's optimisations unless a test is marked `optimised`; helpers for the tests that run
+experiments as real processes; and `assert_trees_equal`, which compares run states exactly or,
+across different compiled programs, to a stated tolerance (import them: `from conftest import
+...`)."""
 
 import os
 
@@ -115,21 +115,49 @@ def assert_trees_equal(actual, expected, *, float_rtol: float = 0.0) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Compiling for verdicts.
+# Compiling for what a test checks.
+#
+# Most tests compile far more than they run: a few steps of a learner or a search, to check a
+# value, a shape or a verdict. They compile without XLA's optimisations (the same maths,
+# slower programs), which takes about 30% less time for such tests. A test whose programs run
+# long, as most learning tests' do, or which times or counts compiled programs, is marked
+# `@pytest.mark.optimised` (a whole module with `pytestmark = pytest.mark.optimised`) and
+# compiles as a researcher's run does. Module fixtures follow their module's mark, and the
+# experiments a test starts as subprocesses follow the test's (through the environment).
+# PODRACER_TESTS_OPTIMISED=1 compiles every test with the optimisations.
+
+OPTIMISED = "optimised"
+_ALL_OPTIMISED = os.environ.get("PODRACER_TESTS_OPTIMISED") == "1"
+_JAX_VARIABLE = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 
 
 @contextlib.contextmanager
-def compiled_without_optimisations():
-    """Inside it, JAX compiles without XLA's optimisations (the same maths, slower programs);
-    the previous setting is restored on leaving. For tests that check a verdict, such as the
-    conformance check's, and whose time is mostly XLA compiling the agents' programs: the
-    built-in agents' checks take about a quarter less time so."""
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
+def _optimisations(node):
+    on = _ALL_OPTIMISED or node.get_closest_marker(OPTIMISED) is not None
+    previous, previous_variable = (jax.config.read("jax_disable_most_optimizations"),
+                                   os.environ.get(_JAX_VARIABLE))
+    jax.config.update("jax_disable_most_optimizations", not on)
+    os.environ[_JAX_VARIABLE] = "0" if on else "1"
     try:
         yield
     finally:
         jax.config.update("jax_disable_most_optimizations", previous)
+        if previous_variable is None:
+            os.environ.pop(_JAX_VARIABLE, None)
+        else:
+            os.environ[_JAX_VARIABLE] = previous_variable
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_compilation(request):
+    with _optimisations(request.node):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _test_compilation(request):
+    with _optimisations(request.node):
+        yield
 
 
 # ---------------------------------------------------------------------------------------------

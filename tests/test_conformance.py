@@ -16,7 +16,6 @@ rule, to show that the rules building on a failed one are skipped rather than fa
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import compiled_without_optimisations
 
 from agents import (
     efficientzero,
@@ -30,14 +29,6 @@ from agents import (
 from experiments import conformance
 from experiments.conformance import RULE_NAMES, ConformanceError, check_agent
 from podracer.config import ConfigError
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cheapest_compilation():
-    """These tests check the rules' verdicts, not speed: compiled without XLA's optimisations.
-    Restored for the tests that follow."""
-    with compiled_without_optimisations():
-        yield
 
 
 def _small_muzero(module):

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import rlax
-from conftest import compiled_without_optimisations
 
 import agents
 from agents import dqn
@@ -108,12 +107,12 @@ def test_dqn_is_registered_and_passes_the_conformance_check():
     config = dqn.default_config()
     config.hidden_sizes, config.batch_size, config.warmup = (16,), 8, 8
     config.replay_capacity = 256
-    with compiled_without_optimisations():  # the check's verdicts, not speed
-        report = check_agent("dqn", config=config)
+    report = check_agent("dqn", config=config)
     assert report.passed, report
     assert report.num_devices == 2
 
 
+@pytest.mark.optimised
 def test_double_dqn_learns_catch_under_anakin():
     import anakin
 
@@ -130,6 +129,7 @@ def test_double_dqn_learns_catch_under_anakin():
     assert first < 0.0 and last > 0.8, (first, last)
 
 
+@pytest.mark.optimised
 def test_double_dqn_learns_catch_under_sebulba():
     import sebulba
 

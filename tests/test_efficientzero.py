@@ -432,6 +432,7 @@ def catch_transitions(rows=10, columns=5):
     return np.stack(observations), np.asarray(actions, np.int32), np.stack(following)
 
 
+@pytest.mark.optimised
 def test_efficientzero_anakin_learns_catch_and_its_consistency_heads_do_not_collapse():
     """The shipped Catch config learns, and the consistency loss teaches the model: the
     target projections of the 225 distinct states are not near-parallel (LayerNorm heads:
@@ -466,6 +467,7 @@ def envs_jax_catch_spec():
     return envs_jax.make("catch").spec()
 
 
+@pytest.mark.optimised
 def test_efficientzero_sebulba_improves_on_cartpole():
     """As MuZero's test: over the last 10K of 40K environment steps the mean episode return is
     >= 75; a uniformly random policy scores about 22."""

@@ -157,6 +157,7 @@ def test_an_unknown_search_names_the_field():
         muzero.validate(config)
 
 
+@pytest.mark.optimised
 def test_gumbel_muzero_learns_catch_with_two_simulations():
     """Gumbel MuZero at 2 simulations on Anakin Catch: a random policy scores about -0.6;
     after 40K environment steps the training return is >= 0.5 (PUCT at 2 simulations stays

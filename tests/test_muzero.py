@@ -540,6 +540,7 @@ def test_replay_that_would_not_fit_fails_naming_the_field():
         agents.make(config, SPEC)
 
 
+@pytest.mark.optimised
 def test_muzero_anakin_learns_catch():
     config = muzero_catch.get_config()
     # Two of the suite's eight simulated devices: replicated (gradients averaged across
@@ -576,6 +577,7 @@ def test_muzero_runs_replicated_on_eight_devices():
     assert int(np.asarray(state.updates)[0]) > 0
 
 
+@pytest.mark.optimised
 @pytest.mark.parametrize("name, search", [("muzero", "muzero"), ("gumbel_muzero", "gumbel")])
 def test_muzero_sebulba_improves_on_cartpole(name, search):
     """MuZero (PUCT, its default search) and the registered Gumbel MuZero, each on envpool
@@ -1062,6 +1064,7 @@ def test_a_bad_reward_scale_names_the_field(bad):
         muzero.validate(config)
 
 
+@pytest.mark.optimised
 def test_the_terminal_head_learns_where_catch_ends():
     """Catch ends when the ball reaches the bottom row: from a board with the ball one row
     above it every action ends the game, and from the rows above none does. A model with a

@@ -17,6 +17,9 @@ from podracer import replication
 from podracer.config import ConfigError
 from podracer.types import DEVICE_AXIS, ArraySpec, DiscreteSpec, EnvSpec, TimeStep, Trajectory
 
+# The learning runs are the module's longest programs: compiled as a researcher's run is.
+pytestmark = pytest.mark.optimised
+
 
 @pytest.fixture(scope="module")
 def cartpole_run():

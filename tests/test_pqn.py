@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import compiled_without_optimisations
 
 import agents
 from agents import pqn
@@ -51,8 +50,7 @@ def test_pqn_is_registered_and_passes_the_conformance_check():
     assert "pqn" in agents.registered()
     config = pqn.default_config()
     config.hidden_sizes = (16,)
-    with compiled_without_optimisations():  # the check's verdicts, not speed
-        report = check_agent("pqn", config=config)
+    report = check_agent("pqn", config=config)
     assert report.passed, report
     assert report.num_devices == 2
 

@@ -288,6 +288,7 @@ def _late_return(history, after_steps):
             / sum(r["episodes"] for r in late))
 
 
+@pytest.mark.optimised
 def test_anakin_learns_pendulum():
     """The shipped config, seed 0, 61,440 steps on one device: the first record is random
     play (about -1,200) and the returns after 40K steps average above -1,000 (the three seeds
@@ -302,6 +303,7 @@ def test_anakin_learns_pendulum():
     assert _late_return(result.history, 40_000) > RANDOM_RETURN + 200, curve
 
 
+@pytest.mark.optimised
 def test_sebulba_learns_envpool_pendulum():
     """The Sebulba config (actor device 0, learner device 1), 61,440 steps: the same margin
     over random play as with Anakin."""

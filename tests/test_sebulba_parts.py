@@ -17,12 +17,14 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import agents
 from experiments.configs import sebulba_vtrace_cartpole
 from podracer import replication
 from podracer.faults import FINITE
 from sebulba import envpool_env
+from sebulba import params as sebulba_params
 from sebulba.actor import Actor, ActorCounters, Rollout, make_actor_functions
 from sebulba.learner import (
     Learner,
@@ -33,7 +35,6 @@ from sebulba.learner import (
     make_local_actor_params,
     make_update,
 )
-from sebulba import params as sebulba_params
 from sebulba.params import ParamsStore
 
 T, B = 5, 4
@@ -164,6 +165,7 @@ def test_the_learner_loop_alone_consumes_hand_made_rollouts_and_publishes_each_v
     assert all(np.isfinite(r["loss"]) for r in records)
 
 
+@pytest.mark.optimised
 def test_the_learner_dispatches_each_update_before_the_previous_one_is_computed():
     # An update that takes seconds on the device: with updates dispatched back to back, the
     # learner calls update u + 1 while update u still computes (the host never waits for it);

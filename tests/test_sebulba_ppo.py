@@ -88,6 +88,7 @@ def test_shipped_ppo_configs_are_valid():
     assert plan.num_updates == plan.config["agent"]["anneal_lr_updates"] == 100
 
 
+@pytest.mark.optimised
 def test_gaussian_policy_improves_on_envpool_pendulum():
     """Continuous actions through envpool: the Gaussian policy's [B, 1] torques go to envpool's
     C++ Pendulum-v1 (which clips them to [-2, 2]); lag 0, so on-policy as in Anakin."""
@@ -101,6 +102,7 @@ def test_gaussian_policy_improves_on_envpool_pendulum():
     assert returns[-1] > -600, returns
 
 
+@pytest.mark.optimised
 def test_runs_on_envpool_atari_with_the_conv_torso():
     """Two updates of the shipped Atari config, made tiny: the conv torso, the named protocol,
     policy lag 1 and the corrected mode end to end (this checks the wiring, not learning)."""

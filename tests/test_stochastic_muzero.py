@@ -224,6 +224,7 @@ def test_registered_and_sweepable_over_its_loss_weights():
     assert {"commitment_cost", "chance_cost", "afterstate_value_cost"} <= set(smz.SWEEPABLE)
 
 
+@pytest.mark.optimised
 def test_stochastic_muzero_learns_catch_under_anakin():
     """The shipped config on plain Catch (no drift): a random policy scores about -0.6; after
     32K environment steps the training return is >= 0.5 (0.92 to 0.96 on seeds 0, 1, 2 of a
@@ -240,6 +241,7 @@ def test_stochastic_muzero_learns_catch_under_anakin():
     assert result.final_metrics["episode_return"] >= 0.3, returns
 
 
+@pytest.mark.optimised
 def test_stochastic_muzero_learns_catch_under_sebulba():
     """The same agent on `envs_jax:catch` stepped on the host (actor device 0, learner
     device 1), the actors waiting for each update: the mean return over the last quarter of
