@@ -11,8 +11,8 @@ every sample, augmentation, and a greedy evaluation of 32 whole games at the end
 Sizes are the paper's where an accelerator is assumed (batch 256, 64 channels); its replay
 ratio (one update of 256 positions per environment step) is `updates_per_step`. The optimiser
 is AdamW; SpeedyZero's Clipped LARS is `--config.agent.optimizer=clipped_lars` (with e.g.
-`--config.agent.learning_rate=0.2`). Not run to the end on a CPU (docs/benchmarks.md,
-"Learning results").
+`--config.agent.learning_rate=0.2`). Not run to the end on a CPU (how to run it and
+tabulate the scores: docs/atari100k.md).
 """
 
 import ml_collections

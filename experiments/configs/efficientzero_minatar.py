@@ -6,7 +6,7 @@ with the value prefix and the consistency loss.
 
 Needs the gymnax extra (`pip install -e '.[gymnax]'`). The frames are read by the MLP, so
 they are not augmented (augmentation is for convolutional networks). Its curve at 32 updates per
-step, next to MuZero's, is in docs/benchmarks.md ("Learning: EfficientZero").
+step, next to MuZero's, is in docs/journal/2026-12-06.md ("Learning: EfficientZero").
 """
 
 import ml_collections

@@ -6,7 +6,7 @@ Needs the gymnax extra (`pip install -e '.[gymnax]'`). Any MinAtar game works by
 `--config.env.name=gymnax:SpaceInvaders-MinAtar`, or pgx's ports, e.g. `pgx:minatar-breakout`
 (pgx adds sticky actions, p=0.1). The 10x10xC boolean frames are too small for the DQN
 convolutional torso, so the MLP torso reads them flattened. The score and budget reached are
-in docs/benchmarks.md, "Learning: V-trace".
+in docs/journal/2026-12-06.md, "Learning: V-trace".
 """
 
 import ml_collections
