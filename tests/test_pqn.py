@@ -129,6 +129,23 @@ def test_board_conv_network_is_one_3x3_conv_then_dense_layers_with_layer_norm():
     np.testing.assert_allclose(q, h @ head["kernel"] + head["bias"], rtol=1e-4, atol=1e-5)
 
 
+def test_board_conv_kernel_gradient_on_cpu_is_a_matrix_product_not_a_convolution():
+    # XLA:CPU computes a convolution's kernel gradient as a second convolution that runs on
+    # about one core; `agents.layers.Conv` computes it as an im2col matrix product
+    # (tests/test_layers.py). The network's one convolution reads the observations, which are
+    # not differentiated, so its compiled gradient holds the forward convolution only.
+    spec = EnvSpec(observation=ArraySpec((10, 10, 4), np.float32), action=DiscreteSpec(3))
+    config = pqn.default_config()
+    config.torso, config.hidden_sizes, config.layer_norm = "board_conv", (128,), True
+    network = networks.make_network(config, spec)
+    x = jnp.asarray(jax.random.bernoulli(jax.random.PRNGKey(0), 0.3, (8, 10, 10, 4)),
+                    jnp.float32)
+    params = network.init(jax.random.PRNGKey(1), x)
+    grad = jax.jit(jax.grad(lambda p: jnp.sum(network.apply(p, x)[0] ** 2)))
+    assert jax.default_backend() == "cpu"
+    assert grad.lower(params).compile().as_text().count(" convolution(") == 1
+
+
 def test_board_conv_on_observations_that_are_not_boards_names_the_field():
     config = pqn.default_config()
     config.torso = "board_conv"

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from agents.actor_critic import mlp_hidden_sizes
+from agents.layers import Conv
 from agents.vtrace.networks import ConvTorso, _as_float, resolve_torso
 from podracer.config import ConfigError
 from podracer.types import Array, EnvSpec
@@ -55,7 +56,7 @@ class BoardConvTorso(nn.Module):
         def norm_relu(y):
             return nn.relu(nn.LayerNorm()(y) if self.layer_norm else y)
 
-        x = norm_relu(nn.Conv(self.channels, (3, 3), padding="VALID", kernel_init=init)(
+        x = norm_relu(Conv(self.channels, (3, 3), padding="VALID", kernel_init=init)(
             _as_float(x)))
         x = x.reshape(x.shape[0], -1)
         for size in self.hidden_sizes:
