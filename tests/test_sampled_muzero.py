@@ -11,10 +11,10 @@ beta = pi^(1/tau)) and from the Gaussian density, never from the code under test
 
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import mctx
-import chex
 import numpy as np
 import pytest
 
@@ -23,9 +23,9 @@ import envs_jax
 import sebulba
 from agents import muzero, sampled_muzero
 from agents.muzero import targets as tgt
+from envs_jax.base import Environment
 from experiments.configs import sampled_muzero_pendulum, sebulba_sampled_muzero_pendulum
 from podracer.config import ConfigError
-from envs_jax.base import Environment
 from podracer.types import ArraySpec, DiscreteSpec, EnvSpec, StepType, TimeStep
 
 # ---------------------------------------------------------------------------------------------
