@@ -6,8 +6,7 @@
 value, Adam at 2.5e-4 annealed linearly to 0 over the run, 976 updates (499,712 steps). The
 500-step time limit is a truncation (LAST with discount 1) that PPO bootstraps from. Anakin's
 defaults leave periodic checkpoints (one is written at the end) and evaluation off. Measured
-runs: docs/benchmarks.md, "PPO" (speed) and
-docs/journal/2026-12-06.md, "Learning: PPO" (returns).
+runs: docs/benchmarks.md, "PPO" (speed), and docs/results.md (returns).
 """
 
 import ml_collections
