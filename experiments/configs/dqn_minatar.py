@@ -8,7 +8,7 @@ PQN's LayerNorm).
 8 environments, T = 8, 2 updates of 128 positions per learner step, a target copy every 100
 updates, epsilon from 1 to 0.01 over the first 32% of the run (320K steps of the 1M), the share
 `dqn_cartpole.py` anneals over. On Asterix the MLP on the flattened board that `dqn_cartpole.py`
-uses barely learns and this network does, at several times the MLP's cost on a CPU
+uses barely learns and this network does, at about twice the MLP's time on a CPU
 (docs/dqn.md, "DQN on MinAtar: the torso").
 
 Needs the gymnax extra (`pip install -e '.[gymnax]'`); any MinAtar game by name, e.g.
