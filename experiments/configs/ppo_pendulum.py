@@ -4,8 +4,7 @@
 
 Pendulum never terminates; its 200-step episodes end by the time limit (truncation, LAST with
 discount 1), from whose final observation PPO bootstraps. The environment clips the sampled
-torque to [-2, 2]. What it reaches: docs/results.md and
-docs/ppo.md.
+torque to [-2, 2]. What it reaches: docs/results.md and docs/ppo.md.
 """
 
 import ml_collections
