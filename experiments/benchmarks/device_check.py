@@ -11,10 +11,10 @@ that fails is reported as failed, so that the check always finishes and writes i
   muzero_learner  MuZero-Anakin on Catch (acting with search, replay, updates) and its learner
                   updates alone
   sebulba_pong    Sebulba V-trace on Pong (envpool Atari, IMPALA protocol) at the sizes derived
-                  from the machine, at 2 threads x 16 envs, then more threads and larger actor
-                  batches (`SEBULBA_POINTS`), each against envpool alone with the same batches
-                  and threads, with the end-to-end run's shares of time; skipped with the reason
-                  when envpool's Atari games cannot be made
+                  from the machine, at 2 threads x 16 envs, then more threads, more envpool
+                  threads and larger actor batches (`SEBULBA_POINTS`), each against envpool
+                  alone with the same batches and threads, with the end-to-end run's shares of
+                  time; skipped with the reason when envpool's Atari games cannot be made
 
     python -m experiments.benchmarks.device_check [--out=DIR]    # at most 8 minutes on a GPU
     python -m experiments.benchmarks.device_check --smoke         # tiny sizes, CPU, < 1 minute
@@ -66,15 +66,19 @@ _SMOKE = flags.DEFINE_bool("smoke", False, "Every part at tiny sizes (CPU, under
 # Seconds each part may start new measurements for (a compile or measurement under way
 # finishes): together at most 8 minutes with start-up.
 CAPS_S = {"anakin_catch": 60.0, "muzero_search": 60.0, "muzero_learner": 45.0,
-          "sebulba_pong": 240.0}
+          "sebulba_pong": 270.0}
 # Roots per search (the first is the MuZero benchmark's).
 SEARCH_ROOTS = (256, 1024, 4096)
-# Sebulba's points, in the order they run until the cap: the derived sizes and the Pong
-# config's, then the paper's Figure 4b directions, more actor threads and larger batches (envpool
-# threads follow from the machine: the cores left after the actor threads and the learner).
-SEBULBA_POINTS = {"derived from the machine": (0, 0), "2 threads x 16 envs": (2, 16),
-                  "4 threads x 64 envs": (4, 64), "4 threads x 128 envs": (4, 128),
-                  "2 threads x 256 envs": (2, 256)}
+# Sebulba's points, (actor threads, envs per thread, envpool threads per actor thread; 0 =
+# derived from the machine), in the order they run until the cap: the derived sizes and the
+# Pong config's, then more threads with smaller batches, at the envpool threads the machine
+# leaves them and at more, and larger batches.
+SEBULBA_POINTS = {"derived from the machine": (0, 0, 0), "2 threads x 16 envs": (2, 16, 0),
+                  "4 threads x 64 envs": (4, 64, 0),
+                  "4 threads x 64 envs, 3 envpool threads each": (4, 64, 3),
+                  "4 threads x 64 envs, 4 envpool threads each": (4, 64, 4),
+                  "2 threads x 128 envs, 8 envpool threads each": (2, 128, 8),
+                  "2 threads x 256 envs": (2, 256, 0)}
 PARTS = tuple(CAPS_S)
 ROW_KEYS = ("part", "setting", "figure", "unit", "against", "against_figure", "ratio")
 
@@ -243,15 +247,16 @@ def sebulba_pong(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
     if smoke:
         base.agent.torso = "conv"
         base.rollout_length = 2
-    variants = {"2 threads x 2 envs": (2, 2)} if smoke else SEBULBA_POINTS
+    variants = {"2 threads x 2 envs": (2, 2, 0)} if smoke else SEBULBA_POINTS
     options = envpool_env.make_options(base.env.task, base.env.protocol, base.env.kwargs)
     rows, skipped = [], []
-    for name, (threads, envs) in variants.items():
+    for name, (threads, envs, env_threads) in variants.items():
         if budget.spent():
             skipped.append(f"{name}: time cap")
             continue
         config = base.copy_and_resolve_references()
         config.actor_threads_per_device, config.envs_per_actor_thread = threads, envs
+        config.env.num_threads = env_threads
         config, sizes = sebulba_config.resolved(config)
         setting = (f"{name}: {sizes.actor_threads_per_device} x {sizes.envs_per_actor_thread} "
                    f"envs, {sizes.env_threads} envpool threads each, actors "
