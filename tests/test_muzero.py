@@ -1004,6 +1004,40 @@ def test_tree_min_max_q_and_parent_mean_q_match_a_hand_computation():
         np.asarray(mctx.qtransform_by_parent_and_siblings(tree, jnp.asarray(1))))
 
 
+def test_parent_mean_q_matches_efficientzeros_recursion_on_deep_searched_trees():
+    # The trees of a real search (48 simulations, so paths many nodes deep), and the mean Q
+    # of every expanded node by EfficientZero's get_mean_q, written here in NumPy from the
+    # root down: root: the mean of its visited children's Q; below it, (the parent's mean Q
+    # + the sum of the visited children's Q) / (their number + 1).
+    config = muzero.default_config()
+    config.hidden_sizes, config.latent_size, config.num_simulations = (16,), 16, 48
+    config.q_transform, config.unvisited_q = "tree_min_max", "parent_mean"
+    network = muzero.make_network(config, SPEC)
+    obs = jax.random.uniform(jax.random.PRNGKey(3), (4, 10, 5))
+    params = network.init(jax.random.PRNGKey(4), obs, jnp.zeros((4,), jnp.int32))
+    trees = jax.jit(lambda p, o, k: muzero.run_search(
+        network, p, o, k, muzero.search_config(config), evaluation=False).search_tree)(
+        params, obs, jax.random.PRNGKey(5))
+    got = np.asarray(jax.vmap(lambda tree: jax.vmap(lambda i: muzero.mean_q(tree, i))(
+        jnp.arange(tree.parents.shape[0])))(trees))
+    deepest = 0
+    for b in range(4):
+        tree = jax.tree.map(lambda x, b=b: np.asarray(x[b]), trees)
+        visited = tree.children_visits > 0
+        q = tree.children_rewards + tree.children_discounts * tree.children_values
+        sums, counts = np.where(visited, q, 0.0).sum(-1), visited.sum(-1)
+        for node in np.flatnonzero(tree.node_visits > 0):
+            path = [int(node)]
+            while path[-1] != 0:
+                path.append(int(tree.parents[path[-1]]))
+            mean = sums[0] / counts[0] if counts[0] else 0.0
+            for n in reversed(path[:-1]):
+                mean = (mean + sums[n]) / (counts[n] + 1)
+            np.testing.assert_allclose(got[b, node], mean, rtol=1e-5, atol=1e-6)
+            deepest = max(deepest, len(path) - 1)
+    assert deepest >= 4  # the walk up crosses several levels
+
+
 def test_reference_search_switches_run_inside_a_batched_search():
     config = muzero.default_config()
     config.hidden_sizes, config.latent_size, config.num_simulations = (16,), 16, 12

@@ -107,28 +107,30 @@ def mean_q(tree: mctx.Tree, node_index: Array) -> Array:
     """[] EfficientZero's mean Q of a node (`core/ctree/cnode.cpp: get_mean_q`), for one
     unbatched tree: at the root, the mean of its visited children's Q = r + gamma v (0 when
     none is visited); below it, (mean Q of the parent + the sum of the visited children's
-    Q) / (their number + 1), recursively along the path from the root."""
-    n_nodes = tree.parents.shape[0]
+    Q) / (their number + 1), recursively along the path from the root.
+
+    Unrolled along the path root = p_0, p_1, ..., p_k = node, with S_i the sum and n_i the
+    number of p_i's visited children's Q and a_i = 1 / (n_i + 1), that is
+    sum_(i=1..k) S_i a_i a_(i+1) ... a_k + (root mean) a_1 ... a_k, which one walk up from the
+    node accumulates, stopping at the root: as many steps as the node is deep, not one per
+    node of the tree (the search asks at every node it selects from)."""
     visited = tree.children_visits > 0
     every_q = tree.children_rewards + tree.children_discounts * tree.children_values
     sums = jnp.sum(jnp.where(visited, every_q, 0.0), axis=-1)
     counts = jnp.sum(visited, axis=-1).astype(sums.dtype)
-
-    def up(i, path):  # path[i]: the i-th ancestor of node_index, -1 above the root
-        prev = path[i - 1]
-        return path.at[i].set(jnp.where(prev >= 0, tree.parents[jnp.maximum(prev, 0)], -1))
-
-    path = jax.lax.fori_loop(1, n_nodes, up,
-                             jnp.full((n_nodes,), -1, jnp.int32).at[0].set(node_index))
     root_mean = jnp.where(counts[0] > 0, sums[0] / jnp.maximum(counts[0], 1.0), 0.0)
+    scale = 1.0 / (counts + 1.0)
 
-    def down(j, q):  # from the root's end of the path down to node_index
-        node = path[n_nodes - 1 - j]
-        safe = jnp.maximum(node, 0)
-        inner = (q + sums[safe]) / (counts[safe] + 1.0)
-        return jnp.where(node < 0, q, jnp.where(node == 0, root_mean, inner))
+    def up(carry):  # node -> its parent; product of the scales from here down to node_index
+        node, product, total = carry
+        product = product * scale[node]
+        return tree.parents[node], product, total + sums[node] * product
 
-    return jax.lax.fori_loop(0, n_nodes, down, jnp.zeros((), sums.dtype))
+    _, product, total = jax.lax.while_loop(  # the root is node 0, every parent below its child
+        lambda carry: carry[0] > 0, up,
+        (jnp.asarray(node_index, jnp.int32), jnp.ones((), sums.dtype),
+         jnp.zeros((), sums.dtype)))
+    return total + root_mean * product
 
 
 def visited_q_bounds(tree: mctx.Tree) -> tuple[Array, Array]:

@@ -5,7 +5,8 @@ Parts (each with a time cap; a part whose cap is spent skips its remaining point
 that fails is reported as failed, so that the check always finishes and writes its files):
   anakin_catch    Anakin V-trace on Catch at 256 and 4,096 envs per device, against the
                   environment alone in the same scan structure (`_ceiling.py`)
-  muzero_search   MuZero's PUCT and Gumbel searches at 256, 1,024 and 4,096 roots:
+  muzero_search   MuZero's PUCT and Gumbel searches, and PUCT with EfficientZero's value term
+                  (`muzero_ez`), at 256, 1,024 and 4,096 roots:
                   simulations/s and the share of their time spent in the network passes alone
                   (as `muzero.py`)
   muzero_learner  MuZero-Anakin on Catch (acting with search, replay, updates) and its learner
@@ -152,8 +153,13 @@ def muzero_search(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
     forward_only = muzero_passes(network, sims)
 
     acts = {}
-    for search in ("muzero", "gumbel"):
-        agent_config.search = search
+    # PUCT and Gumbel as the Catch config has them (mctx's value term), then PUCT with the
+    # agent's default one (EfficientZero's: the tree's Q range, unvisited at the parent's mean).
+    for search, q_transform, unvisited in (("muzero", "parent_and_siblings", "min"),
+                                           ("gumbel", "parent_and_siblings", "min"),
+                                           ("muzero_ez", "tree_min_max", "parent_mean")):
+        agent_config.search = "gumbel" if search == "gumbel" else "muzero"
+        agent_config.q_transform, agent_config.unvisited_q = q_transform, unvisited
         agent = agents.make(agent_config, spec)
         state = agent.init(jax.random.PRNGKey(0), spec)
         acts[search] = (jax.jit(lambda p, t, k, agent=agent: agent.actor_step(p, (), t, k)[0]),

@@ -2,7 +2,9 @@
 network forward passes alone, measured in the same run.
 
 - Search: simulations per second for a batch of roots, for `muzero_policy` (PUCT),
-  `gumbel_muzero_policy`, Stochastic MuZero's `stochastic_muzero_policy` (Catch, C = 4 chance
+  `gumbel_muzero_policy`, PUCT with the agent's default value term (`muzero_ez`: Q normalised
+  by the tree's range, unvisited children at their parent's mean Q, as EfficientZero; the
+  Catch config uses mctx's), Stochastic MuZero's `stochastic_muzero_policy` (Catch, C = 4 chance
   codes) and Sampled MuZero's search (Pendulum-v1, K sampled torques per node), all at the
   MuZero Catch config's widths and the same simulations, each relative to PUCT's, next to
   MuZero's forward passes (one representation + prediction, then one dynamics + prediction per
@@ -15,7 +17,7 @@ network forward passes alone, measured in the same run.
   ("window", the width of computing targets for whole segments), same config, same run.
 
     python -m experiments.benchmarks.muzero [--roots=256] [--simulations=16]
-        [--searches=muzero,gumbel,stochastic,sampled3,sampled20] [--anakin=false]
+        [--searches=muzero,gumbel,muzero_ez,stochastic,sampled3,sampled20] [--anakin=false]
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per figure (best is k
 _LEARNER_UPDATES = flags.DEFINE_integer("learner_updates", 20, "Learner updates per timed call.")
 _TD_STEPS = flags.DEFINE_integer("td_steps", 0, "n of the learner figures; 0: the config's.")
 _SEARCHES = flags.DEFINE_list(
-    "searches", ["muzero", "gumbel", "stochastic", "sampled3", "sampled20"],
-    "Searches to time, PUCT first: muzero (PUCT), gumbel, stochastic, sampled<K>.")
+    "searches", ["muzero", "gumbel", "muzero_ez", "stochastic", "sampled3", "sampled20"],
+    "Searches to time, PUCT first: muzero (PUCT), gumbel, muzero_ez (PUCT with "
+    "EfficientZero's value term), stochastic, sampled<K>.")
 _ANAKIN = flags.DEFINE_bool("anakin", True,
                              "Also time MuZero-Anakin and the learner (False: searches only).")
 _REANALYSE = flags.DEFINE_float("reanalyse_fraction", 0.0,
@@ -67,6 +70,10 @@ def _searches(muzero_config, env):
             config = muzero_config.copy_and_resolve_references()
             config.search = name
             out.append((f"MuZero, {'PUCT' if name == 'muzero' else 'Gumbel'}", config, env))
+        elif name == "muzero_ez":  # PUCT with the agent's default value term (the Catch
+            config = muzero_config.copy_and_resolve_references()  # config has mctx's)
+            config.q_transform, config.unvisited_q = "tree_min_max", "parent_mean"
+            out.append(("MuZero, PUCT, EfficientZero's Q", config, env))
         elif name == "stochastic":
             holder = ml_collections.ConfigDict({"agent": muzero_config.copy_and_resolve_references(),
                                                 "rollout_length": muzero_config.rollout_length})
@@ -83,7 +90,7 @@ def _searches(muzero_config, env):
             out.append((f"Sampled MuZero, K = {k} (Pendulum)", config, pendulum))
         else:
             raise ValueError(f"--searches: unknown search {name!r}; choose from muzero, "
-                             "gumbel, stochastic, sampled<K>")
+                             "gumbel, muzero_ez, stochastic, sampled<K>")
     return out
 
 
