@@ -70,8 +70,9 @@ def _searches(muzero_config, env):
             config = muzero_config.copy_and_resolve_references()
             config.search = name
             out.append((f"MuZero, {'PUCT' if name == 'muzero' else 'Gumbel'}", config, env))
-        elif name == "muzero_ez":  # PUCT with the agent's default value term (the Catch
-            config = muzero_config.copy_and_resolve_references()  # config has mctx's)
+        elif name == "muzero_ez":
+            # PUCT with the agent's default value term; the Catch config has mctx's.
+            config = muzero_config.copy_and_resolve_references()
             config.q_transform, config.unvisited_q = "tree_min_max", "parent_mean"
             out.append(("MuZero, PUCT, EfficientZero's Q", config, env))
         elif name == "stochastic":
