@@ -1004,20 +1004,28 @@ def test_tree_min_max_q_and_parent_mean_q_match_a_hand_computation():
         np.asarray(mctx.qtransform_by_parent_and_siblings(tree, jnp.asarray(1))))
 
 
+def _search_with_efficientzeros_q(num_simulations: int, batch: int, seed: int):
+    """A search of a small random MuZero network with PUCT's value term as EfficientZero's
+    (`tree_min_max`, unvisited children at their parent's mean Q)."""
+    config = muzero.default_config()
+    config.hidden_sizes, config.latent_size = (16,), 16
+    config.num_simulations = num_simulations
+    config.q_transform, config.unvisited_q = "tree_min_max", "parent_mean"
+    network = muzero.make_network(config, SPEC)
+    obs = jax.random.uniform(jax.random.PRNGKey(seed), (batch, 10, 5))
+    params = network.init(jax.random.PRNGKey(seed + 1), obs, jnp.zeros((batch,), jnp.int32))
+    return jax.jit(lambda p, o, k: muzero.run_search(network, p, o, k,
+                                                    muzero.search_config(config),
+                                                    evaluation=False))(
+        params, obs, jax.random.PRNGKey(seed + 2))
+
+
 def test_parent_mean_q_matches_efficientzeros_recursion_on_deep_searched_trees():
     # The trees of a real search (48 simulations, so paths many nodes deep), and the mean Q
     # of every expanded node by EfficientZero's get_mean_q, written here in NumPy from the
     # root down: root: the mean of its visited children's Q; below it, (the parent's mean Q
     # + the sum of the visited children's Q) / (their number + 1).
-    config = muzero.default_config()
-    config.hidden_sizes, config.latent_size, config.num_simulations = (16,), 16, 48
-    config.q_transform, config.unvisited_q = "tree_min_max", "parent_mean"
-    network = muzero.make_network(config, SPEC)
-    obs = jax.random.uniform(jax.random.PRNGKey(3), (4, 10, 5))
-    params = network.init(jax.random.PRNGKey(4), obs, jnp.zeros((4,), jnp.int32))
-    trees = jax.jit(lambda p, o, k: muzero.run_search(
-        network, p, o, k, muzero.search_config(config), evaluation=False).search_tree)(
-        params, obs, jax.random.PRNGKey(5))
+    trees = _search_with_efficientzeros_q(num_simulations=48, batch=4, seed=3).search_tree
     got = np.asarray(jax.vmap(lambda tree: jax.vmap(lambda i: muzero.mean_q(tree, i))(
         jnp.arange(tree.parents.shape[0])))(trees))
     deepest = 0
@@ -1039,16 +1047,7 @@ def test_parent_mean_q_matches_efficientzeros_recursion_on_deep_searched_trees()
 
 
 def test_reference_search_switches_run_inside_a_batched_search():
-    config = muzero.default_config()
-    config.hidden_sizes, config.latent_size, config.num_simulations = (16,), 16, 12
-    config.q_transform, config.unvisited_q = "tree_min_max", "parent_mean"
-    network = muzero.make_network(config, SPEC)
-    obs = jax.random.uniform(jax.random.PRNGKey(0), (3, 10, 5))
-    params = network.init(jax.random.PRNGKey(1), obs, jnp.zeros((3,), jnp.int32))
-    out = jax.jit(lambda p, o, k: muzero.run_search(network, p, o, k,
-                                                    muzero.search_config(config),
-                                                    evaluation=False))(
-        params, obs, jax.random.PRNGKey(2))
+    out = _search_with_efficientzeros_q(num_simulations=12, batch=3, seed=0)
     weights = np.asarray(out.action_weights)
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
     assert np.asarray(out.search_tree.node_visits)[:, 0].tolist() == [13, 13, 13]
