@@ -153,16 +153,19 @@ def muzero_search(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
     forward_only = muzero_passes(network, sims)
 
     acts = {}
-    # PUCT and Gumbel as the Catch config has them (mctx's value term), then PUCT with the
-    # agent's default one (EfficientZero's: the tree's Q range, unvisited at the parent's mean).
-    for search, q_transform, unvisited in (("muzero", "parent_and_siblings", "min"),
-                                           ("gumbel", "parent_and_siblings", "min"),
-                                           ("muzero_ez", "tree_min_max", "parent_mean")):
-        agent_config.search = "gumbel" if search == "gumbel" else "muzero"
+    # PUCT and Gumbel with the Catch config's value term (mctx's), then PUCT with the agent's
+    # default one (EfficientZero's: the tree's Q range, unvisited at the parent's mean).
+    default = muzero.default_config()
+    catch_term = (agent_config.q_transform, agent_config.unvisited_q)
+    default_term = (default.q_transform, default.unvisited_q)
+    for name, search, (q_transform, unvisited) in (("muzero", "muzero", catch_term),
+                                                   ("gumbel", "gumbel", catch_term),
+                                                   ("muzero_ez", "muzero", default_term)):
+        agent_config.search = search
         agent_config.q_transform, agent_config.unvisited_q = q_transform, unvisited
         agent = agents.make(agent_config, spec)
         state = agent.init(jax.random.PRNGKey(0), spec)
-        acts[search] = (jax.jit(lambda p, t, k, agent=agent: agent.actor_step(p, (), t, k)[0]),
+        acts[name] = (jax.jit(lambda p, t, k, agent=agent: agent.actor_step(p, (), t, k)[0]),
                         agent.actor_params(state))
     rows, skipped = [], []
     # More roots per search: does the share of the time in network passes grow with the batch?

@@ -72,8 +72,8 @@ def _searches(muzero_config, env):
             out.append((f"MuZero, {'PUCT' if name == 'muzero' else 'Gumbel'}", config, env))
         elif name == "muzero_ez":
             # PUCT with the agent's default value term; the Catch config has mctx's.
-            config = muzero_config.copy_and_resolve_references()
-            config.q_transform, config.unvisited_q = "tree_min_max", "parent_mean"
+            config, default = muzero_config.copy_and_resolve_references(), muzero.default_config()
+            config.q_transform, config.unvisited_q = default.q_transform, default.unvisited_q
             out.append(("MuZero, PUCT, EfficientZero's Q", config, env))
         elif name == "stochastic":
             holder = ml_collections.ConfigDict({"agent": muzero_config.copy_and_resolve_references(),
