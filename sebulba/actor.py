@@ -1,20 +1,25 @@
-"""A Sebulba actor: one batch of B host environments (`sebulba.host_env`: envpool, gymnasium or
-envs_jax), inference on one actor
-device, and rollouts sent, split along B, to the learner devices.
+"""A Sebulba actor: B host environments (`sebulba.host_env`: envpool, gymnasium or envs_jax) in
+one batch or several, inference on one actor device, and rollouts sent, split along B, to the
+learner devices.
 
-    timestep = env.reset()
+    timesteps = [env.reset() for each batch]
     for rollout k = first, first + 1, ...:
         params = store.wait_for(version for rollout k)     # "fixed"; "latest": store.newest
-        repeat T times:
+        repeat T times, for each batch in turn:
+            on the host:         timestep = recv()          # the step sent for this batch
             on the actor device: action, extras = actor_step(params, observation, step type)
-            on the host:         timestep = env.step(action)   # e.g. envpool's C++ threads
+            on the host:         send(action)               # the batch steps on its own threads
         rewards, discounts [T+1, B] -> the actor device       # one transfer per rollout
         on the actor device: stack the T+1 timesteps, T actions and extras -> [T+1, B]
                              and split along B into L shards [T+1, B/L]
         shard l -> learner device l                         # device to device, no host copy
         out.put(Rollout(shards, versions))                  # bounded: back-pressure
 
-`Actor` takes everything it uses as arguments (the environment, the parameter store, its
+With one batch (`config.env.batches = 1`) this is "act, then step". With two, one batch steps
+(envpool's C++ threads) while the thread chooses the other's actions, so that stepping hides
+inference; the rollout holds the batches side by side along B, in order.
+
+`Actor` takes everything it uses as arguments (the environments, the parameter store, its
 queue, the clocks and counters it shares with the learner), so one actor can run alone against
 a queue, as a test or a benchmark does.
 """
@@ -36,7 +41,7 @@ import numpy as np
 from podracer.agent import Agent
 from podracer.types import TimeStep, Trajectory
 from sebulba import envpool_env
-from sebulba.host_env import HostEnv
+from sebulba.host_env import HostEnv, split_step
 from sebulba.params import ParamsStore, rollout_version
 from sebulba.threads import ProgressClock, put
 
@@ -123,18 +128,28 @@ def make_actor_functions(agent: Agent, num_shards: int,
                          ) -> tuple[Callable, Callable]:
     """The jitted `act(params, actor_state, timestep, key)` and
     `pack(observed, rewards, discounts, actions, extras) -> tuple of num_shards Trajectory
-    shards`, where `observed` are the T+1 `acting_view`s already on the actor device and
-    `rewards`, `discounts` the host's [T+1, B] arrays, sent with this one call."""
+    shards`. `observed`, `actions` and `extras` hold one sequence per batch of the actor
+    thread: its T+1 `acting_view`s already on the actor device, its T actions and extras;
+    `rewards`, `discounts` are the host's [T+1, B] arrays (the batches side by side), sent with
+    this one call."""
+
+    def stack(xs):
+        return jax.tree.map(lambda *leaves: jnp.stack(leaves), *xs)
+
+    def side_by_side(per_batch):  # [T(+1), B_i] per batch -> [T(+1), B]
+        return jax.tree.map(lambda *leaves: jnp.concatenate(leaves, axis=1), *per_batch)
 
     def pack(observed, rewards, discounts, actions, extras):
         timestep = TimeStep(
-            step_type=jnp.stack([t.step_type for t in observed]),
+            step_type=side_by_side([jnp.stack([t.step_type for t in ts]) for ts in observed]),
             reward=rewards,
             discount=discounts,
-            observation=jnp.stack([to_agent_layout(t.observation) for t in observed]),
+            observation=side_by_side([jnp.stack([to_agent_layout(t.observation) for t in ts])
+                                      for ts in observed]),
         )
-        trajectory = Trajectory(timestep=timestep, action=jnp.stack(actions),
-                                extras=jax.tree.map(lambda *xs: jnp.stack(xs), *extras))
+        trajectory = Trajectory(timestep=timestep,
+                                action=side_by_side([jnp.stack(a) for a in actions]),
+                                extras=side_by_side([stack(e) for e in extras]))
         b = trajectory.action.shape[1] // num_shards
         return tuple(
             jax.tree.map(lambda x, i=i: x[None, :, i * b:(i + 1) * b], trajectory)
@@ -153,10 +168,12 @@ class Actor:
     (`policy_lag` an int) it acts with exactly version `rollout_version(k, ...)` of `store`,
     waiting for it; under "latest" (`policy_lag=None`) with the newest version before each
     inference. Each rollout goes onto `out` as a `Rollout` of one shard per learner device.
+    `env` is one batch of environments, or a sequence of batches stepped in turn (see the
+    module docstring).
     """
 
     agent: Agent
-    env: HostEnv
+    env: HostEnv | Sequence[HostEnv]
     act: Callable  # from `make_actor_functions`
     pack: Callable  # from `make_actor_functions`, with len(learner_devices) shards
     store: ParamsStore
@@ -173,6 +190,11 @@ class Actor:
     learner_clock: ProgressClock | None = None  # the learner's progress, for this actor's waits
     actor_clock: ProgressClock | None = None  # ticked after every environment step
 
+    @property
+    def envs(self) -> list[HostEnv]:
+        """The batches of environments this actor steps in turn."""
+        return list(self.env) if isinstance(self.env, (list, tuple)) else [self.env]
+
     def run(self, stop: threading.Event) -> None:
         """Acts until `stop` is set (or a wait on the learner stalls: `StallError`)."""
         fixed = self.policy_lag is not None
@@ -180,11 +202,15 @@ class Actor:
         actor_clock = self.actor_clock or ProgressClock()
         learner_clock = self.learner_clock or ProgressClock()
         device = store.devices[device_index]
-        envs_per_thread = self.env.num_envs
+        envs = self.envs
+        batches = range(len(envs))
+        steppers = [split_step(env) for env in envs]
+        envs_per_thread = sum(env.num_envs for env in envs)
         key = jax.device_put(self.key, device)
-        actor_state = jax.device_put(self.agent.init_actor_state(envs_per_thread), device)
-        timestep = self.env.reset()
-        observed = jax.device_put(acting_view(timestep), device)
+        actor_states = [jax.device_put(self.agent.init_actor_state(env.num_envs), device)
+                        for env in envs]
+        timesteps = [env.reset() for env in envs]
+        observed = [jax.device_put(acting_view(t), device) for t in timesteps]
         first = True
         for k in itertools.count(self.start_update + 1):  # rollout k feeds update k
             # PARAMETERS FOR THIS ROLLOUT
@@ -201,50 +227,67 @@ class Actor:
             params_wait = time.perf_counter() - wait_start
             oldest = newest = version
 
-            # ACT FOR T STEPS; observations and step types go to the actor device as they come,
-            # rewards and discounts stay on the host until the rollout is complete
-            observations, actions, extras = [observed], [], []
-            rewards, discounts = [timestep.reward], [timestep.discount]
+            # ACT FOR T STEPS, batch after batch; observations and step types go to the actor
+            # device as they come, rewards and discounts stay on the host until the rollout is
+            # complete
+            observations = [[o] for o in observed]
+            actions: list[list] = [[] for _ in batches]
+            extras: list[list] = [[] for _ in batches]
+            rewards = [[t.reward] for t in timesteps]
+            discounts = [[t.discount] for t in timesteps]
             returns, lengths = [], []
-            inference_s = env_s = transfer_s = 0.0
-            for _ in range(self.rollout_length):
-                if stop.is_set():
-                    return
-                if not fixed:
-                    version, params = store.newest(device_index)
-                    oldest, newest = min(oldest, version), max(newest, version)
-                # The first call compiles: not a stall, however long it takes.
-                act_start = time.perf_counter()
-                with actor_clock.busy() if first else contextlib.nullcontext():
-                    action, actor_state, extra, key = self.act(params, actor_state, observed,
-                                                               key)
-                    first = False
-                    host_action = np.asarray(action)
+            times = {"inference": 0.0, "env": 0.0, "transfer": 0.0}
+
+            def receive(i: int) -> None:
+                """Waits for batch i's step and hands its observations to the device."""
                 env_start = time.perf_counter()
-                timestep = self.env.step(host_action)
+                timestep = timesteps[i] = steppers[i][1]()
                 actor_clock.tick()
                 transfer_start = time.perf_counter()
                 # Dispatched: a copy still running when the next `act` needs it counts there.
-                observed = jax.device_put(acting_view(timestep), device)
-                transfer_end = time.perf_counter()
-                inference_s += env_start - act_start
-                env_s += transfer_start - env_start
-                transfer_s += transfer_end - transfer_start
-                observations.append(observed)
-                rewards.append(timestep.reward)
-                discounts.append(timestep.discount)
-                actions.append(action)
-                extras.append(extra)
+                observed[i] = jax.device_put(acting_view(timestep), device)
+                times["env"] += transfer_start - env_start
+                times["transfer"] += time.perf_counter() - transfer_start
+                observations[i].append(observed[i])
+                rewards[i].append(timestep.reward)
+                discounts[i].append(timestep.discount)
                 done = timestep.extras["game_over"]
                 if done.any():
                     returns.extend(timestep.extras["episode_return"][done].tolist())
                     lengths.extend(timestep.extras["episode_length"][done].tolist())
 
+            for t in range(self.rollout_length):
+                for i in batches:
+                    if stop.is_set():
+                        return
+                    if t:
+                        receive(i)  # its step ran while the other batches' actions were chosen
+                    if not fixed:
+                        version, params = store.newest(device_index)
+                        oldest, newest = min(oldest, version), max(newest, version)
+                    # The first call compiles: not a stall, however long it takes.
+                    act_start = time.perf_counter()
+                    with actor_clock.busy() if first else contextlib.nullcontext():
+                        action, actor_states[i], extra, key = self.act(
+                            params, actor_states[i], observed[i], key)
+                        first = False
+                        host_action = np.asarray(action)
+                    send_start = time.perf_counter()
+                    steppers[i][0](host_action)
+                    times["inference"] += send_start - act_start
+                    times["env"] += time.perf_counter() - send_start
+                    actions[i].append(action)
+                    extras[i].append(extra)
+            for i in batches:
+                receive(i)
+
             # SPLIT ALONG B AND SEND EACH SHARD TO ITS LEARNER DEVICE
+            host_rewards = np.concatenate([np.stack(r) for r in rewards], axis=1)
+            host_discounts = np.concatenate([np.stack(d) for d in discounts], axis=1)
             with (actor_clock.busy() if k == self.start_update + 1
                   else contextlib.nullcontext()):
                 shards = self.pack(observations, *jax.device_put(
-                    (np.stack(rewards), np.stack(discounts)), device), actions, extras)
+                    (host_rewards, host_discounts), device), actions, extras)
             shards = [jax.device_put(s, d) for s, d in zip(shards, self.learner_devices)]
             put_start = time.perf_counter()
             if not put(self.out, Rollout(list(shards), oldest, newest), stop, self.timeout_s,
@@ -254,5 +297,5 @@ class Actor:
                 self.counters.add(env_steps=self.rollout_length * envs_per_thread,
                                   put_wait_s=time.perf_counter() - put_start,
                                   params_wait_s=params_wait, episode_returns=returns,
-                                  episode_lengths=lengths, inference_s=inference_s,
-                                  env_s=env_s, transfer_s=transfer_s)
+                                  episode_lengths=lengths, inference_s=times["inference"],
+                                  env_s=times["env"], transfer_s=times["transfer"])

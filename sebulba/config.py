@@ -35,8 +35,12 @@ def default_config() -> ml_collections.ConfigDict:
     # Evaluation's options over those (recorded, and kept to the training spec), e.g.
     # episodic_life=False for whole games.
     config.env.eval_kwargs = ml_collections.ConfigDict()
-    # envpool C++ threads per actor thread; 0 = derived from the machine (`derive_sizes`)
+    # envpool C++ threads per batch; 0 = derived from the machine (`derive_sizes`)
     config.env.num_threads = 0
+    # Each actor thread's envs_per_actor_thread environments as this many batches of equal
+    # size, stepped in turn: while one steps (on envpool's threads, which each batch has
+    # env.num_threads of), the thread chooses the next one's actions. 1: act, then step.
+    config.env.batches = 1
     # gymnasium: worker processes per actor thread (and for the evaluation's batch), each
     # stepping its share of the batch; 0 = a SyncVectorEnv in the actor thread
     config.env.num_workers = 0
@@ -272,10 +276,24 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
     # Each actor thread splits its [T, B] trajectory along B, one shard per learner device.
     cfg.require_divisible(config, "envs_per_actor_thread", len(learner_ids),
                           "the number of learner devices")
+    batches = _env_batches(config)
+    if config.envs_per_actor_thread % batches:
+        raise cfg.ConfigError("env.batches", f"{batches} batches cannot split "
+                              f"envs_per_actor_thread={config.envs_per_actor_thread} evenly",
+                              "set env.batches to a divisor of envs_per_actor_thread, or 1")
     return Topology(actor_device_ids=actor_ids, learner_device_ids=learner_ids,
                     actor_threads_per_device=config.actor_threads_per_device,
                     num_processes=num_processes,
                     environment=environment, sizes=sizes, machine=machine)
+
+
+def _env_batches(config: ml_collections.ConfigDict) -> int:
+    """`config.env.batches`, checked: a whole number >= 1 (1 when the config predates it)."""
+    batches = config.env.get("batches", 1)
+    if not isinstance(batches, int) or isinstance(batches, bool) or batches < 1:
+        raise cfg.ConfigError("env.batches", f"must be a whole number >= 1, got {batches!r}",
+                              "use 1 (one batch per actor thread) or 2 (two, stepped in turn)")
+    return batches
 
 
 def _stepping(config: ml_collections.ConfigDict, kind: str) -> host_env.Stepping:

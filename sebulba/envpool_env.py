@@ -236,7 +236,16 @@ class EnvpoolEnv:
         )
 
     def step(self, action: np.ndarray) -> TimeStep:
-        obs, reward, terminated, truncated, info = self._env.step(np.asarray(action))
+        self.send(action)
+        return self.recv()
+
+    def send(self, action: np.ndarray) -> None:
+        """Starts a step of the whole batch on envpool's threads and returns at once."""
+        self._env.send(np.asarray(action))
+
+    def recv(self) -> TimeStep:
+        """Waits for the step `send` started and returns it."""
+        obs, reward, terminated, truncated, info = self._env.recv(reset=False, return_info=True)
         obs = as_observations(obs)
         reset = self._last  # these environments ignored `action` and started a new episode
         ended = (terminated | truncated) & ~reset

@@ -89,6 +89,7 @@ class EnvsJaxEnv:
         self._reset = jax.jit(lambda key: jax.vmap(env.reset)(jax.random.split(key, num_envs)))
         self._step = jax.jit(jax.vmap(env.step))
         self._state: Any = None
+        self._pending: TimeStep | None = None  # the step `send` dispatched, until `recv`
 
     @functools.cached_property
     def _spec(self) -> EnvSpec:
@@ -113,11 +114,25 @@ class EnvsJaxEnv:
         key = jax.random.fold_in(self._key, self._resets)
         self._resets += 1
         self._state, timestep = self._reset(key)
+        self._pending = None
         return self._to_host(timestep)
 
     def step(self, action: np.ndarray) -> TimeStep:
+        self.send(action)
+        return self.recv()
+
+    def send(self, action: np.ndarray) -> None:
+        """Dispatches the jitted step (XLA runs it while the caller goes on)."""
+        if self._pending is not None:
+            raise RuntimeError("send() twice without a recv() in between")
         action = jax.device_put(np.asarray(action), self._device)
-        self._state, timestep = self._step(self._state, action)
+        self._state, self._pending = self._step(self._state, action)
+
+    def recv(self) -> TimeStep:
+        """Waits for the step `send` dispatched and returns it on the host."""
+        if self._pending is None:
+            raise RuntimeError("recv() without a send() before it")
+        timestep, self._pending = self._pending, None
         return self._to_host(timestep)
 
     def close(self) -> None:

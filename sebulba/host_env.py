@@ -15,6 +15,12 @@ discount 0 on termination and 1 on truncation; the step after it is FIRST, rewar
 1, its action ignored), with `extras["episode_return"]`, `["episode_length"]` and
 `["game_over"]`. Only envpool's observations need `to_agent_layout` (its images are
 channel-first); the other kinds' are already the agent's (`agent_layout(kind)`).
+
+A step can also be split in two, `send(action)` then `recv()`, as envpool's own API is: between
+the two the batch steps on its own threads (envpool's C++ threads; for envs_jax, XLA's), so an
+actor thread with several batches (`config.env.batches`) chooses one batch's actions while
+another steps. `split_step(env)` gives any `HostEnv` these two; one without them steps in
+`recv`, which overlaps nothing (gymnasium's kind).
 """
 
 from __future__ import annotations
@@ -43,6 +49,27 @@ class HostEnv(Protocol):
     def step(self, action: Any) -> TimeStep: ...
 
     def close(self) -> None: ...
+
+
+def split_step(env: HostEnv) -> tuple[Callable[[Any], None], Callable[[], TimeStep]]:
+    """`env`'s step as `(send, recv)`: `send(action)` starts it and returns, `recv()` waits for
+    it and returns its `TimeStep`. An environment with `send` and `recv` methods of its own
+    steps between the two calls; for one without them, `recv` steps."""
+    if hasattr(env, "send") and hasattr(env, "recv"):
+        return env.send, env.recv
+    pending: list[Any] = []
+
+    def send(action: Any) -> None:
+        if pending:
+            raise RuntimeError("send() twice without a recv() in between")
+        pending.append(action)
+
+    def recv() -> TimeStep:
+        if not pending:
+            raise RuntimeError("recv() without a send() before it")
+        return env.step(pending.pop())
+
+    return send, recv
 
 
 def parse_task(task: str) -> tuple[str, str]:

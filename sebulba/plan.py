@@ -37,7 +37,8 @@ class SebulbaPlan:
     num_processes: int
     # THE ENVIRONMENT AND THE AGENT, built once
     env: Environment
-    env_threads: int  # envpool C++ threads per actor thread
+    env_threads: int  # envpool C++ threads per batch
+    env_batches: int  # batches per actor thread, stepped in turn
     frame_skip: int  # env frames per env step
     agent: Agent
     agent_name: str
@@ -126,6 +127,7 @@ def make_plan(config: ml_collections.ConfigDict) -> SebulbaPlan:
         num_processes=num_processes,
         env=env,
         env_threads=config.env.num_threads,
+        env_batches=config.env.get("batches", 1),
         frame_skip=int(env.options.get("frame_skip", 1)) if env.kind == "envpool" else 1,
         agent=agent,
         agent_name=config.agent.name,

@@ -119,10 +119,12 @@ __all__ = [  # the parts' names that code imported from here before the split, t
 ]
 
 # Fields that may change between an interrupted run and its resumption: those of
-# `podracer.workdir.RESUMABLE_CHANGES`, how often and how patiently the run logs, and envpool's
-# threads (derived from the machine; they do not change what the environments compute).
+# `podracer.workdir.RESUMABLE_CHANGES`, how often and how patiently the run logs, and how the
+# actor threads step their environments (envpool's threads, derived from the machine, and the
+# batches; a resumed run's environments start afresh either way).
 RESUMABLE_CHANGES = workdir_lib.RESUMABLE_CHANGES + ("log_every_updates", "timeout_s",
-                                                        "save_final_params", "env.num_threads")
+                                                        "save_final_params", "env.num_threads",
+                                                        "env.batches")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,7 +357,8 @@ def _print_banner(plan: SebulbaPlan, session: RunSession, start: _Start,
 def _sizes_banner(plan: SebulbaPlan) -> str:
     """The sizes the run uses, and which of them were derived from which machine."""
     sizes = plan.sizes
-    listed = ", ".join(f"{field}={value}" for field, value in sizes.fields().items())
+    listed = ", ".join(f"{field}={value}" for field, value in
+                       {**sizes.fields(), "env.batches": plan.env_batches}.items())
     derived = (f"derived from the machine ({plan.machine.describe()}): "
                f"{', '.join(sizes.derived)}" if sizes.derived else "none derived")
     pool = machine.describe_cpu_pool() if jax.devices()[0].platform == "cpu" else ""
@@ -538,17 +541,18 @@ class _Threads:
 
     def _start_actors(self, compiled: _Compiled, wiring: Wiring, actor_key: jax.Array,
                       start: _Start) -> None:
-        """One actor thread per (actor device, thread), each on a host-environment batch of
-        its own.
+        """One actor thread per (actor device, thread), each on host-environment batches of
+        its own (`config.env.batches`; the first seeded as a thread with one batch is).
         A resumed run's environments and actor keys start afresh, seeded by its update."""
         plan = self._plan
         process, per_device = plan.process_index, plan.topology.actor_threads_per_device
         for device_index in range(len(plan.actor_devices)):
             for j in range(per_device):
                 thread_id = device_index * per_device + j
-                env = self._env(plan.envs_per_thread,
-                                _env_seed(plan.seed, process, thread_id, *start.entropy),
-                                plan.env.options)
+                batch = plan.envs_per_thread // plan.env_batches
+                env = [self._env(batch, _env_seed(plan.seed, process, thread_id,
+                                                  *start.entropy, *((i,) if i else ())),
+                                 plan.env.options) for i in range(plan.env_batches)]
                 key = jax.random.fold_in(jax.random.fold_in(actor_key, process), thread_id)
                 for entropy in start.entropy:
                     key = jax.random.fold_in(key, entropy)

@@ -239,6 +239,55 @@ def test_every_kind_gives_the_same_layout_on_cartpole(kind):
     _layout_invariants(env)
 
 
+@pytest.mark.parametrize("kind", host_env.KINDS)
+def test_every_kinds_step_splits_into_send_and_recv_with_the_same_timesteps(kind):
+    # Two batches of one seed: one stepped whole, the other split in two with a third batch's
+    # step in flight in between (as an actor with two batches runs them).
+    def make(seed):
+        return host_env.make(kind, "CartPole-v1", 3, seed=seed,
+                             options={"max_episode_steps": 10},
+                             stepping=host_env.Stepping(num_threads=1))
+
+    whole, split, other = make(5), make(5), make(6)
+    (send, recv), (send_other, recv_other) = (host_env.split_step(split),
+                                              host_env.split_step(other))
+    whole.reset(), split.reset(), other.reset()
+    send_other(np.zeros(3, np.int32))
+    for t in range(25):
+        action = np.array([t % 2, 1, t % 3 == 0], np.int32)
+        expected = whole.step(action)
+        send(action)
+        recv_other()
+        send_other(np.ones(3, np.int32))
+        got = recv()
+        for field in ("step_type", "reward", "discount", "observation"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(expected, field))
+    recv_other()
+    for env in (whole, split, other):
+        env.close()
+
+
+def test_a_batch_without_send_and_recv_steps_in_recv_and_refuses_misuse():
+    stepped = []
+
+    class Stepped:
+        num_envs = 1
+
+        def step(self, action):
+            stepped.append(action)
+            return f"timestep {action}"
+
+    send, recv = host_env.split_step(Stepped())
+    send(4)
+    assert stepped == []
+    assert recv() == "timestep 4" and stepped == [4]
+    with pytest.raises(RuntimeError, match="without a send"):
+        recv()
+    send(5)
+    with pytest.raises(RuntimeError, match="twice"):
+        send(6)
+
+
 def test_envpool_is_made_as_before():
     env = host_env.make("envpool", "CartPole-v1", 4, seed=7, options={},
                         stepping=host_env.Stepping(num_threads=1))

@@ -128,6 +128,85 @@ def test_an_actor_alone_fills_its_queue_with_the_versions_of_the_fixed_lag_proto
     reference.close()
 
 
+class _Logged:
+    """An environment batch that logs its sends and receives as ("send" | "recv", i)."""
+
+    def __init__(self, env, i: int, log: list):
+        self.env, self.i, self.log, self.num_envs = env, i, log, env.num_envs
+
+    def reset(self):
+        return self.env.reset()
+
+    def send(self, action):
+        self.log.append(("send", self.i))
+        self.env.send(action)
+
+    def recv(self):
+        self.log.append(("recv", self.i))
+        return self.env.recv()
+
+    def close(self):
+        self.env.close()
+
+
+def test_an_actor_with_two_batches_steps_one_while_it_acts_on_the_other():
+    agent, _ = _agent()
+    actor_device, learner_devices = jax.devices()[0], jax.devices()[1:3]
+    params = agent.actor_params(agent.init(jax.random.PRNGKey(0), _agent()[1]))
+    store = ParamsStore([actor_device], keep=3)
+    store.publish(0, params)
+    out, log = queue.Queue(), []
+    seeds, half = (7, 8), B // 2
+    envs = [_Logged(envpool_env.EnvpoolEnv("CartPole-v1", half, seed=seed, num_threads=1), i, log)
+            for i, seed in enumerate(seeds)]
+    act, pack = make_actor_functions(agent, len(learner_devices))
+    actor = Actor(agent=agent, env=envs, act=act, pack=pack, store=store, device_index=0,
+                  learner_devices=learner_devices, out=out, key=jax.random.PRNGKey(1),
+                  rollout_length=T, policy_lag=1, timeout_s=60.0)
+    stop = threading.Event()
+    thread = threading.Thread(target=actor.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _wait_for_size(out, 2)
+        rollouts = [out.get() for _ in range(2)]
+    finally:
+        stop.set()
+        thread.join(30)
+        for env in envs:
+            env.close()
+    assert not thread.is_alive()
+
+    # Batch 0 is sent its actions, then batch 1 (whose actions were chosen while batch 0
+    # stepped), and each is received only after the other was sent: T steps of each per
+    # rollout, the last two receives closing it.
+    one_rollout = ([("send", 0), ("send", 1)]
+                   + [("recv", 0), ("send", 0), ("recv", 1), ("send", 1)] * (T - 1)
+                   + [("recv", 0), ("recv", 1)])
+    assert log[:2 * len(one_rollout)] == one_rollout * 2
+    # The rollout holds the batches side by side along B: replaying each half's actions on an
+    # environment of its seed gives its step types, rewards, discounts and observations.
+    references = [envpool_env.EnvpoolEnv("CartPole-v1", half, seed=seed, num_threads=1)
+                  for seed in seeds]
+    starts = [reference.reset() for reference in references]
+    for r_index, r in enumerate(rollouts):
+        joined = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x[0]) for x in xs], axis=1),
+                              *r.shards)
+        assert joined.action.shape == (T, B)
+        for i, reference in enumerate(references):
+            columns = slice(i * half, (i + 1) * half)
+            if r_index == 0:
+                np.testing.assert_array_equal(joined.timestep.observation[0, columns],
+                                              starts[i].observation)
+            for t in range(T):
+                expected = reference.step(joined.action[t, columns])
+                for field in ("step_type", "reward", "discount", "observation"):
+                    np.testing.assert_array_equal(
+                        getattr(joined.timestep, field)[t + 1, columns],
+                        getattr(expected, field), err_msg=f"batch {i}, {field}")
+    for reference in references:
+        reference.close()
+
+
 def _zero_rollout(agent, spec, mesh, version: int) -> Rollout:
     (abstract,) = abstract_batch(agent, spec, mesh, rollout_length=T, shard_batch=B,
                                  num_rollouts=1)

@@ -19,7 +19,7 @@ from conftest import assert_trees_equal, relative_differences, snapshot
 import sebulba
 from experiments.configs import sebulba_vtrace_cartpole
 from podracer import replication
-from sebulba import envpool_env
+from sebulba import envpool_env, host_env
 from sebulba.runner import ParamsStore, StallError, ThreadFailure
 
 ACTORS = (0, 1)
@@ -146,6 +146,30 @@ def test_fixed_lag_run_repeats_bit_for_bit():
     config.seed = 1
     other = sebulba.train(config)
     assert max(relative_differences(other.params, first.params).values()) > 0.1
+
+
+def test_a_run_with_two_batches_per_actor_thread_repeats_bit_for_bit(monkeypatch):
+    # Stepping one batch while acting on the other changes the threads' timing, not what the
+    # fixed protocol computes. Each of the 2 actor threads steps 2 batches of 8 / 2 envs.
+    made = []
+    make = host_env.make
+
+    def recording_make(kind, name, num_envs, **kwargs):
+        made.append(num_envs)
+        return make(kind, name, num_envs, **kwargs)
+
+    monkeypatch.setattr(host_env, "make", recording_make)
+    config = _config(total_env_steps=2 * 8 * 8 * 6, actor_device_ids=(0,),
+                     learner_device_ids=(1, 2), actor_threads_per_device=2,
+                     envs_per_actor_thread=8)
+    config.env.batches = 2
+    first = sebulba.train(config)
+    assert made.count(4) == 4 and 8 not in made  # (besides the evaluation's batch)
+    second = sebulba.train(config)
+    assert first.policy_lags == second.policy_lags == [0] + [1] * 5
+    assert_trees_equal(second.learner_state, first.learner_state)
+    assert first.history[-1]["env_steps"] == 2 * 8 * 8 * 6
+    assert first.run_info["config"]["env"]["batches"] == 2
 
 
 def test_lag_zero_is_on_policy():

@@ -12,8 +12,9 @@ that fails is reported as failed, so that the check always finishes and writes i
   muzero_learner  MuZero-Anakin on Catch (acting with search, replay, updates) and its learner
                   updates alone
   sebulba_pong    Sebulba V-trace on Pong (envpool Atari, IMPALA protocol) at the sizes derived
-                  from the machine, at 2 threads x 16 envs, then more threads, more envpool
-                  threads and larger actor batches (`SEBULBA_POINTS`), each against envpool
+                  from the machine, in one batch per actor thread and in two stepped in turn,
+                  at 2 threads x 16 envs, then more threads and more envpool threads
+                  (`SEBULBA_POINTS`), each against envpool
                   alone with the same batches and threads, with the end-to-end run's shares of
                   time; skipped with the reason when envpool's Atari games cannot be made
 
@@ -70,16 +71,17 @@ CAPS_S = {"anakin_catch": 60.0, "muzero_search": 60.0, "muzero_learner": 45.0,
           "sebulba_pong": 270.0}
 # Roots per search (the first is the MuZero benchmark's).
 SEARCH_ROOTS = (256, 1024, 4096)
-# Sebulba's points, (actor threads, envs per thread, envpool threads per actor thread; 0 =
-# derived from the machine), in the order they run until the cap: the derived sizes and the
-# Pong config's, then more threads with smaller batches, at the envpool threads the machine
-# leaves them and at more, and larger batches.
-SEBULBA_POINTS = {"derived from the machine": (0, 0, 0), "2 threads x 16 envs": (2, 16, 0),
-                  "4 threads x 64 envs": (4, 64, 0),
-                  "4 threads x 64 envs, 3 envpool threads each": (4, 64, 3),
-                  "4 threads x 64 envs, 4 envpool threads each": (4, 64, 4),
-                  "2 threads x 128 envs, 8 envpool threads each": (2, 128, 8),
-                  "2 threads x 256 envs": (2, 256, 0)}
+# Sebulba's points, (actor threads, envs per thread, envpool threads per batch, batches per
+# actor thread; 0 = derived from the machine), in the order they run until the cap: the derived
+# sizes, then with each thread's environments in two batches stepped in turn, the Pong config's,
+# then more threads with smaller batches at more envpool threads than the machine's rule gives
+# them, and two batches at larger sizes.
+SEBULBA_POINTS = {"derived from the machine": (0, 0, 0, 1),
+                  "derived, two batches per thread": (0, 0, 0, 2),
+                  "2 threads x 16 envs": (2, 16, 0, 1),
+                  "4 threads x 64 envs, 3 envpool threads each": (4, 64, 3, 1),
+                  "4 threads x 64 envs, 4 envpool threads each": (4, 64, 4, 1),
+                  "2 threads x 128 envs in two batches, 8 envpool threads each": (2, 128, 8, 2)}
 PARTS = tuple(CAPS_S)
 ROW_KEYS = ("part", "setting", "figure", "unit", "against", "against_figure", "ratio")
 
@@ -256,19 +258,20 @@ def sebulba_pong(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
     if smoke:
         base.agent.torso = "conv"
         base.rollout_length = 2
-    variants = {"2 threads x 2 envs": (2, 2, 0)} if smoke else SEBULBA_POINTS
+    variants = {"2 threads x 2 envs": (2, 2, 0, 2)} if smoke else SEBULBA_POINTS
     options = envpool_env.make_options(base.env.task, base.env.protocol, base.env.kwargs)
     rows, skipped = [], []
-    for name, (threads, envs, env_threads) in variants.items():
+    for name, (threads, envs, env_threads, batches) in variants.items():
         if budget.spent():
             skipped.append(f"{name}: time cap")
             continue
         config = base.copy_and_resolve_references()
         config.actor_threads_per_device, config.envs_per_actor_thread = threads, envs
-        config.env.num_threads = env_threads
+        config.env.num_threads, config.env.batches = env_threads, batches
         config, sizes = sebulba_config.resolved(config)
+        in_batches = f" in {batches} batches" if batches > 1 else ""
         setting = (f"{name}: {sizes.actor_threads_per_device} x {sizes.envs_per_actor_thread} "
-                   f"envs, {sizes.env_threads} envpool threads each, actors "
+                   f"envs{in_batches}, {sizes.env_threads} envpool threads each, actors "
                    f"{list(sizes.actor_device_ids)}, learners {list(sizes.learner_device_ids)}")
         alone = sebulba_bench.envpool_alone(config, options, seconds)
         rate, shares = sebulba_bench.end_to_end_shares(config, e2e_updates)

@@ -65,6 +65,7 @@ def _set_cpu_devices(argv: list[str]) -> None:
 
 _set_cpu_devices(sys.argv)
 
+import itertools
 import platform
 import threading
 import time
@@ -108,36 +109,48 @@ def _in_threads(num_threads: int, body) -> float:
 
 
 def envpool_alone(config, options, seconds: float) -> Rate:
-    """Agent steps per second of the actor threads' envpool batches, random actions."""
+    """Agent steps per second of the actor threads' envpool batches, random actions, each
+    thread stepping its `env.batches` batches in turn as the actor does (sending one batch its
+    actions before receiving the next one's step)."""
     n = config.actor_threads_per_device * len(config.actor_device_ids)
-    b = config.envs_per_actor_thread
-    envs = [envpool_env.EnvpoolEnv(config.env.task, b, seed=i, num_threads=config.env.num_threads,
-                                   options=options) for i in range(n)]
-    num_actions = envs[0].spec().action.num_values
+    batches = config.env.get("batches", 1)
+    b = config.envs_per_actor_thread // batches
+    envs = [[envpool_env.EnvpoolEnv(config.env.task, b, seed=batches * i + j,
+                                    num_threads=config.env.num_threads, options=options)
+             for j in range(batches)] for i in range(n)]
+    num_actions = envs[0][0].spec().action.num_values
     steps = [0] * n
 
     def body(i):
         rng = np.random.default_rng(i)
-        envs[i].reset()
+        for env in envs[i]:
+            env.reset()
+        for env in envs[i]:
+            env.send(rng.integers(0, num_actions, b, dtype=np.int32))
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
-            envs[i].step(rng.integers(0, num_actions, b, dtype=np.int32))
-            steps[i] += b
+            for env in envs[i]:
+                env.recv()
+                env.send(rng.integers(0, num_actions, b, dtype=np.int32))
+                steps[i] += b
+        for env in envs[i]:
+            env.recv()
 
     cpu = time.process_time()
     elapsed = _in_threads(n, body)
     busy = (time.process_time() - cpu) / elapsed
-    for env in envs:
+    for env in itertools.chain.from_iterable(envs):
         env.close()
     return Rate(sum(steps) / elapsed, busy)
 
 
 def actor_alone(config, options, agent, spec, params, seconds: float) -> Rate:
-    """Agent steps per second of `actor_step` in the actor threads, on the actor devices."""
+    """Agent steps per second of `actor_step` in the actor threads, on the actor devices (each
+    call on one of a thread's `env.batches` batches)."""
     local = jax.local_devices()
     devices = [local[i] for i in config.actor_device_ids]
     n_per = config.actor_threads_per_device
-    b = config.envs_per_actor_thread
+    b = config.envs_per_actor_thread // config.env.get("batches", 1)  # per call of `act`
     act, _ = make_actor_functions(agent, 1)
     # Observations as envpool returns them (channels first); `act` converts them on device.
     raw_shape = (b,) + tuple(envpool_env.envpool.make_spec(
@@ -273,7 +286,8 @@ def main(argv):
           f"({jax.device_count()} devices), {os.cpu_count()} CPU cores "
           f"({platform.processor() or platform.machine()}), load average at start "
           f"{load[0]:.1f}; jax {jax.__version__}, envpool {envpool_env.envpool.__version__}; "
-          f"{sizes.env_threads} envpool thread(s) per actor thread; derived from the machine: "
+          f"{config.env.get('batches', 1)} batch(es) per actor thread, each with "
+          f"{sizes.env_threads} envpool thread(s); derived from the machine: "
           f"{', '.join(sizes.derived) or 'nothing'}", flush=True)
 
     params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
