@@ -4,15 +4,16 @@ actor devices, learning replicated over learner devices, in every process of a r
 Data flow in one process (A actor devices, N threads each, L learner devices here, L_all in
 the whole run):
 
-    actor thread (A x N of them; each owns a batch of B host environments: envpool's,
-                  gymnasium's or envs_jax's, see `sebulba.host_env`):
-        timestep = env.reset()
+    actor thread (A x N of them; each owns B host environments in env.batches batches:
+                  envpool's, gymnasium's or envs_jax's, see `sebulba.host_env`):
+        timestep = env.reset()                               # each batch
         for rollout k = 1, 2, ...:
             params = store.version(rollout_version(k))       # staleness: sebulba.params
-            repeat T times:
+            repeat T times, for each batch in turn (sebulba.actor):
+                on the host:         timestep = env.recv()   # the step sent before
                 on the actor device: action, extras = actor_step(params, timestep)
                                      # only its observation and step type cross each step
-                on the host:         timestep = env.step(action)   # e.g. envpool's threads
+                on the host:         env.send(action)        # steps on envpool's threads
             on the actor device: stack the T+1 timesteps, T actions and extras -> [T+1, B]
                                  (rewards and discounts sent once per rollout)
                                  and split along B into L shards [T+1, B/L]
