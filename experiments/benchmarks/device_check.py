@@ -16,7 +16,7 @@ that fails is reported as failed, so that the check always finishes and writes i
                   at 2 threads x 16 envs, then more threads and more envpool threads
                   (`SEBULBA_POINTS`), each against envpool
                   alone with the same batches and threads, with the end-to-end run's shares of
-                  time; skipped with the reason when envpool's Atari games cannot be made
+                  time and, at the derived sizes, the actor threads' inference alone; skipped with the reason when envpool's Atari games cannot be made
 
     python -m experiments.benchmarks.device_check [--out=DIR]    # at most 8 minutes on a GPU
     python -m experiments.benchmarks.device_check --smoke         # tiny sizes, CPU, < 1 minute
@@ -274,12 +274,22 @@ def sebulba_pong(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
                    f"envs{in_batches}, {sizes.env_threads} envpool threads each, actors "
                    f"{list(sizes.actor_device_ids)}, learners {list(sizes.learner_device_ids)}")
         alone = sebulba_bench.envpool_alone(config, options, seconds)
-        rate, shares = sebulba_bench.end_to_end_shares(config, e2e_updates)
         frame_skip = options.get("frame_skip", 1)
+        inference = None
+        if smoke or name.startswith("derived"):
+            # The actor threads' inference with no learner or envpool beside it: whether the
+            # inference end to end costs more than alone (sharing the device, or the host).
+            spec = envpool_env.env_spec(config.env.task, options)
+            agent = agents.make(config.agent, spec)
+            params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
+            inference = sebulba_bench.actor_alone(config, options, agent, spec, params,
+                                                  seconds).steps_per_second * frame_skip
+        rate, shares = sebulba_bench.end_to_end_shares(config, e2e_updates)
         row = _row("sebulba_pong", setting, rate.steps_per_second * frame_skip, "frames/s",
                    "envpool alone, same batches and threads",
                    alone.steps_per_second * frame_skip)
         row["shares"] = shares
+        row["actor_inference_alone"] = inference  # frames/s, or None where not measured
         rows.append(row)
     return rows, skipped
 
@@ -328,12 +338,15 @@ def table(results: dict[str, Any]) -> str:
             lines.append(f"| {name} | {point} | | | | skipped |")
         if part["status"] != "ok":
             lines.append(f"| {name} | | | | | {part['status']}: {part['reason']} |")
-    shares = [(row["setting"], row["shares"]) for row in
-              results["parts"].get("sebulba_pong", {}).get("rows", []) if "shares" in row]
-    for setting, values in shares:
-        lines += ["", f"Sebulba end to end, {setting}: shares of its threads' time", "",
+    for row in results["parts"].get("sebulba_pong", {}).get("rows", []):
+        if "shares" not in row:
+            continue
+        lines += ["", f"Sebulba end to end, {row['setting']}: shares of its threads' time", "",
                   "| part | share |", "|---|---:|"]
-        lines += [f"| {part} | {100 * share:.0f}% |" for part, share in values.items()]
+        lines += [f"| {part} | {100 * share:.0f}% |" for part, share in row["shares"].items()]
+        if row.get("actor_inference_alone"):
+            lines += ["", f"Its actor threads' inference alone (no learner, no envpool): "
+                          f"{row['actor_inference_alone']:,.0f} frames/s."]
     return "\n".join(lines)
 
 
