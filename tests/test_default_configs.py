@@ -53,6 +53,7 @@ OPTIONAL = {
         "env.eval_kwargs": lambda c: dict(c.env.get("eval_kwargs", {})),  # validate, runner
         "env.num_workers": lambda c: c.env.get("num_workers", 0),  # validate (gymnasium tasks)
         "env.autoreset_mode": lambda c: c.env.get("autoreset_mode", "next_step"),  # validate
+        "env.batches": lambda c: c.env.get("batches", 1),  # validate, plan
         "save_final_params": lambda c: c.get("save_final_params", False),  # runner
     },
 }
