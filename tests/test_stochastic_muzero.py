@@ -227,8 +227,8 @@ def test_registered_and_sweepable_over_its_loss_weights():
 @pytest.mark.optimised
 def test_stochastic_muzero_learns_catch_under_anakin():
     """The shipped config on plain Catch (no drift): a random policy scores about -0.6; after
-    32K environment steps the training return is >= 0.5 (0.92 to 0.96 on seeds 0, 1, 2 of a
-    sweep; docs/stochastic_muzero.md)."""
+    32K environment steps the training return is >= 0.3 (0.90, 0.94 and 0.94 on seeds 0, 1, 2,
+    which were at 0.45, 0.77 and 0.71 after 24K)."""
     import anakin
     from experiments.configs import stochastic_muzero_catch
 
