@@ -42,6 +42,7 @@ def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
         rows = results["parts"]["sebulba_pong"]["rows"]
         assert len(rows) == 1 and "inference" in rows[0]["shares"]
         assert rows[0]["actor_inference_alone"] > 0  # beside the end-to-end run
+        assert rows[0]["inference_ms_per_call"] > 0 and rows[0]["inference_ms_per_call_alone"] > 0
         assert "in 2 batches" in rows[0]["setting"]
     table = (tmp_path / "device_check.md").read_text()
     assert table.startswith("| part | setting | figure | against | ratio | status |")

@@ -275,21 +275,31 @@ def sebulba_pong(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
                    f"{list(sizes.actor_device_ids)}, learners {list(sizes.learner_device_ids)}")
         alone = sebulba_bench.envpool_alone(config, options, seconds)
         frame_skip = options.get("frame_skip", 1)
-        inference = None
+        # An actor thread's calls of `act` are on B / batches environments each; n threads.
+        n = sizes.actor_threads_per_device * len(sizes.actor_device_ids)
+        per_call = sizes.envs_per_actor_thread // batches
+        inference = inference_ms = None
         if smoke or name.startswith("derived"):
             # The actor threads' inference with no learner or envpool beside it: whether the
             # inference end to end costs more than alone (sharing the device, or the host).
             spec = envpool_env.env_spec(config.env.task, options)
             agent = agents.make(config.agent, spec)
             params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
-            inference = sebulba_bench.actor_alone(config, options, agent, spec, params,
-                                                  seconds).steps_per_second * frame_skip
+            steps = sebulba_bench.actor_alone(config, options, agent, spec, params,
+                                              seconds).steps_per_second
+            inference, inference_ms = steps * frame_skip, 1000 * n * per_call / steps
         rate, shares = sebulba_bench.end_to_end_shares(config, e2e_updates)
         row = _row("sebulba_pong", setting, rate.steps_per_second * frame_skip, "frames/s",
                    "envpool alone, same batches and threads",
                    alone.steps_per_second * frame_skip)
         row["shares"] = shares
         row["actor_inference_alone"] = inference  # frames/s, or None where not measured
+        # Milliseconds per call of `act`: end to end, a thread's share of time in inference
+        # over its calls per second (n x B/batches / the agent steps per second); alone, the
+        # same calls with nothing beside them.
+        row["inference_ms_per_call"] = (1000 * shares["inference"] * n * per_call
+                                        / rate.steps_per_second)
+        row["inference_ms_per_call_alone"] = inference_ms
         rows.append(row)
     return rows, skipped
 
@@ -344,9 +354,11 @@ def table(results: dict[str, Any]) -> str:
         lines += ["", f"Sebulba end to end, {row['setting']}: shares of its threads' time", "",
                   "| part | share |", "|---|---:|"]
         lines += [f"| {part} | {100 * share:.0f}% |" for part, share in row["shares"].items()]
-        if row.get("actor_inference_alone"):
-            lines += ["", f"Its actor threads' inference alone (no learner, no envpool): "
-                          f"{row['actor_inference_alone']:,.0f} frames/s."]
+        alone = (f"; alone (no learner, no envpool) {row['inference_ms_per_call_alone']:.2f} ms "
+                 f"a call, {row['actor_inference_alone']:,.0f} frames/s"
+                 if row.get("actor_inference_alone") else "")
+        lines += ["", f"Inference: {row['inference_ms_per_call']:.2f} ms a call end to end"
+                      f"{alone}."]
     return "\n".join(lines)
 
 
