@@ -14,9 +14,10 @@ that fails is reported as failed, so that the check always finishes and writes i
   sebulba_pong    Sebulba V-trace on Pong (envpool Atari, IMPALA protocol) at the sizes derived
                   from the machine, in one batch per actor thread and in two stepped in turn,
                   at 2 threads x 16 envs, then more threads and more envpool threads
-                  (`SEBULBA_POINTS`), each against envpool
-                  alone with the same batches and threads, with the end-to-end run's shares of
-                  time and, at the derived sizes, the actor threads' inference alone; skipped with the reason when envpool's Atari games cannot be made
+                  (`SEBULBA_POINTS`), each against envpool alone with the same batches and
+                  threads, with the end-to-end run's shares of time and milliseconds per
+                  inference call, and at the derived sizes the same calls alone; skipped with
+                  the reason when envpool's Atari games cannot be made
 
     python -m experiments.benchmarks.device_check [--out=DIR]    # at most 8 minutes on a GPU
     python -m experiments.benchmarks.device_check --smoke         # tiny sizes, CPU, < 1 minute
