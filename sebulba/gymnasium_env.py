@@ -251,8 +251,16 @@ class _Workers:
         return (np.concatenate([outs[i] for i in busy]) if mask is None else outs), {}
 
     def step(self, action: np.ndarray) -> tuple:
+        self.send(action)
+        return self.recv()
+
+    def send(self, action: np.ndarray) -> None:
+        """Starts every worker's step of its share and returns at once."""
         for i, pipe in enumerate(self._pipes):
             pipe.send(("step", self._split(action, i)))
+
+    def recv(self) -> tuple:
+        """Waits for the step `send` started: `step`'s result."""
         parts = [_receive(pipe) for pipe in self._pipes]
         obs, reward, terminated, truncated = (np.concatenate([p[k] for p in parts])
                                               for k in range(4))
@@ -283,12 +291,21 @@ class _InThread:
 
     def __init__(self, spec, num_envs: int, mode: str, kwargs: Mapping[str, Any]):
         self._env = _make_vector_env(spec, num_envs, mode, kwargs)
+        self._action: np.ndarray | None = None
 
     def reset(self, **kwargs) -> tuple:
         return self._env.reset(**kwargs)
 
     def step(self, action: np.ndarray) -> tuple:
         return _results(*self._env.step(action))
+
+    def send(self, action: np.ndarray) -> None:
+        """Holds `action` for `recv`, which steps (in this thread: nothing to overlap)."""
+        self._action = action
+
+    def recv(self) -> tuple:
+        action, self._action = self._action, None
+        return self.step(action)
 
     def close(self) -> None:
         self._env.close()
@@ -315,6 +332,7 @@ class GymnasiumEnv:
         self._last = np.zeros(num_envs, bool)
         self._return = np.zeros(num_envs, np.float32)
         self._length = np.zeros(num_envs, np.int32)
+        self._sent: np.ndarray | None = None  # a step under way: its reset mask, until `recv`
 
     @functools.cached_property
     def _spec(self) -> EnvSpec:
@@ -324,6 +342,9 @@ class GymnasiumEnv:
         return self._spec
 
     def reset(self) -> TimeStep:
+        if self._sent is not None:  # a step under way, its result no longer wanted
+            self._env.recv()
+            self._sent = None
         # Each full reset seeds the environments afresh from (seed, how many resets so far).
         env_seeds = seeds(self._seed, self.num_envs, self._resets)
         self._resets += 1
@@ -339,11 +360,27 @@ class GymnasiumEnv:
                         observation=as_observations(obs), extras=self._extras(self._last))
 
     def step(self, action: np.ndarray) -> TimeStep:
+        self.send(action)
+        return self.recv()
+
+    def send(self, action: np.ndarray) -> None:
+        """Starts a step of the batch: in the worker processes, which step while this thread
+        goes on; without workers `recv` steps."""
+        if self._sent is not None:
+            raise RuntimeError("send() twice without a recv() in between")
         reset = self._last  # these environments ignore `action` and start a new episode
-        any_reset = reset.any()
-        if self.autoreset_mode == "disabled" and any_reset:
+        if self.autoreset_mode == "disabled" and reset.any():
             self._env.reset(options={"reset_mask": reset.copy()})  # held for this step
-        obs, reward, terminated, truncated, final = self._env.step(np.asarray(action))
+        self._env.send(np.asarray(action))
+        self._sent = reset
+
+    def recv(self) -> TimeStep:
+        """Waits for the step `send` started and returns it."""
+        if self._sent is None:
+            raise RuntimeError("recv() without a send() before it")
+        reset, self._sent = self._sent, None
+        any_reset = reset.any()
+        obs, reward, terminated, truncated, final = self._env.recv()
         obs = as_observations(obs)
         reward = np.asarray(reward, np.float32)
         terminated = np.asarray(terminated, bool)

@@ -17,10 +17,11 @@ discount 0 on termination and 1 on truncation; the step after it is FIRST, rewar
 channel-first); the other kinds' are already the agent's (`agent_layout(kind)`).
 
 A step can also be split in two, `send(action)` then `recv()`, as envpool's own API is: between
-the two the batch steps on its own threads (envpool's C++ threads; for envs_jax, XLA's), so an
-actor thread with several batches (`config.env.batches`) chooses one batch's actions while
-another steps. `split_step(env)` gives any `HostEnv` these two; one without them steps in
-`recv`, which overlaps nothing (gymnasium's kind).
+the two the batch steps on its own (envpool's C++ threads, gymnasium's worker processes, XLA's
+threads for envs_jax), so an actor thread with several batches (`config.env.batches`) chooses
+one batch's actions while another steps. A gymnasium batch without workers steps in `recv`,
+overlapping nothing; `split_step(env)` gives the two to any `HostEnv`, stepping in `recv` for
+one that lacks them.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ uniform policy about -0.6.
 """
 
 import itertools
+import os
 import sys
+import time
 
 import gymnasium
 import jax
@@ -79,6 +81,21 @@ class Cue64(Cue):
 
 
 gymnasium.register("PodracerCue64-v0", entry_point=Cue64)
+
+
+class Marked(Cue):
+    """Cue that leaves a file in `directory` at every step, named by process, env and step."""
+
+    def __init__(self, directory):
+        self._directory = directory
+
+    def step(self, action):
+        name = f"stepped-{os.getpid()}-{id(self)}-{self._t}"
+        open(os.path.join(self._directory, name), "w").close()
+        return super().step(action)
+
+
+gymnasium.register("PodracerMarked-v0", entry_point=Marked)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,14 +256,15 @@ def test_every_kind_gives_the_same_layout_on_cartpole(kind):
     _layout_invariants(env)
 
 
-@pytest.mark.parametrize("kind", host_env.KINDS)
-def test_every_kinds_step_splits_into_send_and_recv_with_the_same_timesteps(kind):
+@pytest.mark.parametrize("kind, num_workers", [(kind, 0) for kind in host_env.KINDS]
+                         + [("gymnasium", 2)])
+def test_every_kinds_step_splits_into_send_and_recv_with_the_same_timesteps(kind, num_workers):
     # Two batches of one seed: one stepped whole, the other split in two with a third batch's
     # step in flight in between (as an actor with two batches runs them).
     def make(seed):
         return host_env.make(kind, "CartPole-v1", 3, seed=seed,
                              options={"max_episode_steps": 10},
-                             stepping=host_env.Stepping(num_threads=1))
+                             stepping=host_env.Stepping(num_threads=1, num_workers=num_workers))
 
     whole, split, other = make(5), make(5), make(6)
     (send, recv), (send_other, recv_other) = (host_env.split_step(split),
@@ -264,6 +282,26 @@ def test_every_kinds_step_splits_into_send_and_recv_with_the_same_timesteps(kind
             np.testing.assert_array_equal(getattr(got, field), getattr(expected, field))
     recv_other()
     for env in (whole, split, other):
+        env.close()
+
+
+def test_gymnasium_workers_step_between_send_and_recv(tmp_path):
+    # With worker processes the batch steps as soon as it is sent, before anyone receives it:
+    # the two environments' marks appear while `recv` has not been called.
+    env = GymnasiumEnv("PodracerMarked-v0", 2, seed=0, num_workers=2,
+                       kwargs={"directory": str(tmp_path)})
+    send, recv = host_env.split_step(env)
+    try:
+        env.reset()
+        send(np.zeros(2, np.int32))
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(list(tmp_path.iterdir())) == 2
+        assert (recv().step_type == StepType.MID).all()
+        with pytest.raises(RuntimeError, match="without a send"):
+            env.recv()
+    finally:
         env.close()
 
 
