@@ -211,6 +211,7 @@ class EnvpoolEnv:
                                      num_threads=num_threads, **self.options)
             # Built (and kept) by envpool when first read, else at the first reset's.
             self._env.observation_space, self._env.action_space  # noqa: B018
+        self._sent = False  # a step under way, until `recv`
         self._last = np.zeros(num_envs, bool)  # previous step was LAST: this one is a reset
         self._game_over = np.zeros(num_envs, bool)  # previous step ended a whole game
         self._return = np.zeros(num_envs, np.float32)
@@ -220,6 +221,9 @@ class EnvpoolEnv:
         return env_spec(self.task, self.options)
 
     def reset(self) -> TimeStep:
+        if self._sent:  # a step under way, its result no longer wanted
+            self._env.recv(reset=False, return_info=True)
+            self._sent = False
         obs, _ = self._env.reset()
         obs = as_observations(obs)
         self._last[:] = False
@@ -241,10 +245,16 @@ class EnvpoolEnv:
 
     def send(self, action: np.ndarray) -> None:
         """Starts a step of the whole batch on envpool's threads and returns at once."""
+        if self._sent:
+            raise RuntimeError("send() twice without a recv() in between")
         self._env.send(np.asarray(action))
+        self._sent = True
 
     def recv(self) -> TimeStep:
         """Waits for the step `send` started and returns it."""
+        if not self._sent:  # envpool's recv would wait for ever
+            raise RuntimeError("recv() without a send() before it")
+        self._sent = False
         obs, reward, terminated, truncated, info = self._env.recv(reset=False, return_info=True)
         obs = as_observations(obs)
         reset = self._last  # these environments ignored `action` and started a new episode

@@ -281,6 +281,13 @@ def test_every_kinds_step_splits_into_send_and_recv_with_the_same_timesteps(kind
         for field in ("step_type", "reward", "discount", "observation"):
             np.testing.assert_array_equal(getattr(got, field), getattr(expected, field))
     recv_other()
+    # A second send, or a recv with nothing sent, is refused (envpool's recv would wait).
+    with pytest.raises(RuntimeError, match="without a send"):
+        recv()
+    send(np.zeros(3, np.int32))
+    with pytest.raises(RuntimeError, match="twice"):
+        send(np.zeros(3, np.int32))
+    recv()
     for env in (whole, split, other):
         env.close()
 
