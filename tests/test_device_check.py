@@ -8,14 +8,18 @@ import sys
 
 from conftest import ROOT
 
-PARTS = ["anakin_catch", "muzero_search", "muzero_learner", "sebulba_pong"]
+PARTS = ["anakin_catch", "muzero_search", "muzero_learner", "sebulba_pong", "graph_loops"]
+
+
+def _check(*flags: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "experiments.benchmarks.device_check",
+                           "--smoke", *flags], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
 
 
 def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "experiments.benchmarks.device_check",
-                           "--smoke", f"--out={tmp_path}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+    proc = _check(f"--out={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "device_check.json").read_text())
     assert set(results) >= {"smoke", "machine", "versions", "derived_sizes", "parts"}
@@ -44,8 +48,30 @@ def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
         assert rows[0]["actor_inference_alone"] > 0  # beside the end-to-end run
         assert rows[0]["inference_ms_per_call"] > 0 and rows[0]["inference_ms_per_call_alone"] > 0
         assert "in 2 batches" in rows[0]["setting"]
+    # The search and Anakin again, in a process that ran under the graph flags (its own
+    # XLA_FLAGS, as it recorded them; XLA:CPU parses them, so their spelling is checked).
+    loops = results["parts"]["graph_loops"]["rows"]
+    assert [r["setting"].split(" (")[0] for r in loops] == [
+        "anakin_catch: 8 envs/device x 2 device(s), T=2", "muzero_search: muzero",
+        "muzero_search: gumbel", "muzero_search: muzero_ez"]
+    for row in loops:
+        assert "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL" in row["xla_flags"]
+        assert row["ratio"] is not None
+    assert "graph" not in results["xla_flags"]
     table = (tmp_path / "device_check.md").read_text()
     assert table.startswith("| part | setting | figure | against | ratio | status |")
     for name in PARTS:
         assert f"| {name} |" in table
     assert "device_check.md" in proc.stdout
+
+
+def test_a_graph_loop_process_that_dies_is_reported_and_the_check_still_writes(tmp_path):
+    # XLA ends a process whose XLA_FLAGS it cannot parse, after printing its flags' help.
+    proc = _check("--parts=graph_loops", f"--out={tmp_path}",
+                  "--graph_loop_xla_flags=--xla_gpu_enable_command_buffer=+NOT_A_COMMAND")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    part = json.loads((tmp_path / "device_check.json").read_text())["parts"]["graph_loops"]
+    assert part["status"] == "failed" and part["rows"] == []
+    assert "exited with status" in part["reason"]
+    assert "--xla_gpu_enable_command_buffer 'NOT_A_COMMAND'" in part["reason"]
+    assert "| graph_loops | | | | | failed: " in (tmp_path / "device_check.md").read_text()

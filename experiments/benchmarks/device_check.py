@@ -18,9 +18,18 @@ that fails is reported as failed, so that the check always finishes and writes i
                   threads, with the end-to-end run's shares of time and milliseconds per
                   inference call, and at the derived sizes the same calls alone; skipped with
                   the reason when envpool's Atari games cannot be made
+  graph_loops     the search at 256 roots and Anakin at 4,096 envs per device again, in a fresh
+                  process whose XLA records while loops and conditionals into CUDA graphs
+                  (`GRAPH_LOOP_FLAGS`): whether the loops' per-iteration cost on the host
+                  (reading each iteration's condition back, launching each body) is what keeps
+                  the search's share in network passes and Anakin's share of its ceiling low.
+                  XLA:CPU reads and ignores these flags, so `--smoke` checks their spelling.
 
     python -m experiments.benchmarks.device_check [--out=DIR]    # at most 8 minutes on a GPU
     python -m experiments.benchmarks.device_check --smoke         # tiny sizes, CPU, < 1 minute
+    python -m experiments.benchmarks.device_check --parts=muzero_search --roots=1024
+
+`--parts`, `--roots` and `--anakin_envs` choose what runs (`graph_loops` runs its process so).
 
 On a CPU, importing the Sebulba benchmark's parts makes two simulated CPU devices.
 """
@@ -31,6 +40,8 @@ import importlib.metadata
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -65,13 +76,31 @@ from sebulba import envpool_env
 _OUT = flags.DEFINE_string("out", "", "Directory for device_check.json and device_check.md "
                            "(default: a new temporary directory, printed).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Every part at tiny sizes (CPU, under a minute).")
+_PARTS = flags.DEFINE_list("parts", [], "The parts to run, in the check's order (default: all).")
+_ROOTS = flags.DEFINE_list("roots", [], "Roots per search for muzero_search (default: "
+                           "SEARCH_ROOTS; --smoke uses 4).")
+_ANAKIN_ENVS = flags.DEFINE_list("anakin_envs", [], "Envs per device for anakin_catch "
+                                 "(default: ANAKIN_ENVS; --smoke uses 8).")
+_GRAPH_LOOP_XLA_FLAGS = flags.DEFINE_string(
+    "graph_loop_xla_flags", "", "XLA flags for graph_loops' process, added to XLA_FLAGS "
+    "(default: GRAPH_LOOP_FLAGS): to try other ones on the same points.")
 
 # Seconds each part may start new measurements for (a compile or measurement under way
 # finishes): together at most 8 minutes with start-up.
+# graph_loops' cap is a hard limit on its process.
 CAPS_S = {"anakin_catch": 60.0, "muzero_search": 60.0, "muzero_learner": 45.0,
-          "sebulba_pong": 270.0}
-# Roots per search (the first is the MuZero benchmark's).
+          "sebulba_pong": 270.0, "graph_loops": 75.0}
+# Roots per search (the first is the MuZero benchmark's), and Anakin's envs per device.
 SEARCH_ROOTS = (256, 1024, 4096)
+ANAKIN_ENVS = (256, 4096)
+# XLA:GPU runs a while loop from the host: each iteration it launches the condition, copies
+# the predicate back and waits for it, then launches the body. These flags record while loops
+# and conditionals into the CUDA graph with the kernels around them (CUDA's conditional graph
+# nodes), so a loop's iterations run without the host; a minimum graph size of 1 lets the
+# small loop bodies of a search be recorded too. graph_loops runs its points under them.
+GRAPH_LOOP_FLAGS = ("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL",
+                    "--xla_gpu_graph_min_graph_size=1")
+GRAPH_LOOP_POINTS = {"muzero_search": ("--roots=256",), "anakin_catch": ("--anakin_envs=4096",)}
 # Sebulba's points, (actor threads, envs per thread, envpool threads per batch, batches per
 # actor thread; 0 = derived from the machine), in the order they run until the cap: the derived
 # sizes, then with each thread's environments in two batches stepped in turn, the Pong config's,
@@ -96,6 +125,9 @@ class Budget:
     def spent(self) -> bool:
         return time.perf_counter() - self.start > self.cap_s
 
+    def left(self) -> float:
+        return max(0.0, self.cap_s - (time.perf_counter() - self.start))
+
 
 def _row(part: str, setting: str, figure: float, unit: str, against: str = "",
          against_figure: float | None = None) -> dict[str, Any]:
@@ -108,7 +140,8 @@ def _row(part: str, setting: str, figure: float, unit: str, against: str = "",
 # ANAKIN V-TRACE ON CATCH
 
 
-def anakin_catch(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
+def anakin_catch(budget: Budget, smoke: bool, envs: tuple[int, ...] = ANAKIN_ENVS,
+                 ) -> tuple[list[dict], list[str]]:
     config = vtrace_catch.get_config()
     rollout_length, updates, repeats = (2, 1, 1) if smoke else (20, 50, 3)
     env = envs_jax.wrap_for_training(envs_jax.make(config.env.name))
@@ -116,7 +149,7 @@ def anakin_catch(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
     num_devices = jax.device_count()
     mesh = replication.make_mesh(jax.devices())
     rows, skipped = [], []
-    for n in (8,) if smoke else (256, 4096):  # a second point compiles the same programs
+    for n in (8,) if smoke else envs:  # in smoke a second point compiles the same programs
         if budget.spent():
             skipped.append(f"{n} envs per device: time cap")
             continue
@@ -142,7 +175,8 @@ def anakin_catch(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
 # MUZERO: SEARCH, MUZERO-ANAKIN AND THE LEARNER
 
 
-def muzero_search(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
+def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_ROOTS,
+                  ) -> tuple[list[dict], list[str]]:
     config = muzero_catch.get_config()
     env = envs_jax.wrap_for_training(envs_jax.make(config.env.name))
     spec = env.spec()
@@ -172,21 +206,21 @@ def muzero_search(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
                         agent.actor_params(state))
     rows, skipped = [], []
     # More roots per search: does the share of the time in network passes grow with the batch?
-    for roots in (4,) if smoke else SEARCH_ROOTS:
+    for n in (4,) if smoke else roots:
         if budget.spent():
-            skipped.append(f"{roots} roots: time cap")
+            skipped.append(f"{n} roots: time cap")
             continue
         timestep = jax.vmap(lambda k: env.reset(k)[1])(
-            jax.random.split(jax.random.PRNGKey(1), roots))
+            jax.random.split(jax.random.PRNGKey(1), n))
         forward_s = best_call_time(forward_only, params, timestep.observation, repeats=repeats)
         for search, (act, actor_params) in acts.items():
             seconds = best_call_time(act, actor_params, timestep, jax.random.PRNGKey(2),
                                      repeats=repeats)
             # figure / against = the share of the search's time spent in the network passes.
-            rows.append(_row("muzero_search", f"{search} ({roots} roots x {sims} simulations)",
-                             roots * sims / seconds, "simulations/s",
+            rows.append(_row("muzero_search", f"{search} ({n} roots x {sims} simulations)",
+                             n * sims / seconds, "simulations/s",
                              "network passes alone (ratio: share of time in them)",
-                             roots * sims / forward_s))
+                             n * sims / forward_s))
     return rows, skipped
 
 
@@ -305,6 +339,56 @@ def sebulba_pong(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
     return rows, skipped
 
 
+# ---------------------------------------------------------------------------------------------
+# THE SEARCH AND ANAKIN WITH THEIR LOOPS IN CUDA GRAPHS
+
+
+def graph_loops(budget: Budget, smoke: bool, xla_flags: tuple[str, ...] = GRAPH_LOOP_FLAGS,
+                ) -> tuple[list[dict], list[str]]:
+    """`GRAPH_LOOP_POINTS` in a process of their own with `xla_flags` added to XLA_FLAGS (XLA
+    reads its flags once, when its backend starts, and ends the process on one it cannot
+    parse): its rows, each setting prefixed with the part it repeats, and its parts that did
+    not finish among the skipped points."""
+    command = [sys.executable, "-m", "experiments.benchmarks.device_check",
+               f"--parts={','.join(GRAPH_LOOP_POINTS)}"]
+    command += [flag for point in GRAPH_LOOP_POINTS.values() for flag in point]
+    command += ["--smoke"] if smoke else []
+    env = {**os.environ, "XLA_FLAGS": " ".join(
+        [os.environ.get("XLA_FLAGS", ""), *xla_flags]).strip()}
+    with tempfile.TemporaryDirectory(prefix="graph_loops_") as out:
+        try:
+            # In smoke the cap is not a limit: a loaded CI machine may take longer.
+            proc = subprocess.run(command + [f"--out={out}"], env=env, capture_output=True,
+                                  text=True, timeout=None if smoke else budget.left(),
+                                  check=False)
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(f"its process ran past the part's {budget.cap_s:.0f} s cap "
+                               f"and was stopped") from e
+        if proc.returncode != 0:
+            raise RuntimeError(f"its process exited with status {proc.returncode}: "
+                               + _last_errors(proc.stderr))
+        with open(os.path.join(out, "device_check.json")) as f:
+            child = json.load(f)
+    rows, skipped = [], []
+    for name, part in child["parts"].items():
+        for row in part["rows"]:
+            rows.append({**row, "part": "graph_loops", "setting": f"{name}: {row['setting']}",
+                         "xla_flags": child["xla_flags"]})
+        skipped += [f"{name}: {point}" for point in part["capped"]]
+        if part["status"] != "ok":
+            skipped.append(f"{name}: {part['status']}: {part['reason']}")
+    return rows, skipped
+
+
+def _last_errors(stderr: str) -> str:
+    """The last lines of `stderr` that report an error (XLA's `E`/`F` log lines, Python's
+    exception), else its last lines: XLA follows a flag it cannot parse with its flags' help."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines
+              if (line[0] in "EF" and line[1:5].isdigit()) or "Error" in line.split(" ")[0]]
+    return " / ".join((errors or lines)[-3:])
+
+
 class _Skip(Exception):
     """A part that cannot run here, with the reason."""
 
@@ -313,18 +397,20 @@ class _Skip(Exception):
 # THE CHECK
 
 
-PART_FUNCTIONS: dict[str, Callable[[Budget, bool], tuple[list[dict], list[str]]]] = {
+PART_FUNCTIONS: dict[str, Callable[..., tuple[list[dict], list[str]]]] = {
     "anakin_catch": anakin_catch, "muzero_search": muzero_search,
-    "muzero_learner": muzero_learner, "sebulba_pong": sebulba_pong}
+    "muzero_learner": muzero_learner, "sebulba_pong": sebulba_pong,
+    "graph_loops": graph_loops}
 
 
-def run_part(name: str, smoke: bool) -> dict[str, Any]:
+def run_part(name: str, smoke: bool, **points) -> dict[str, Any]:
     """One part's record: status ("ok", "skipped" or "failed"), reason, seconds, rows and the
-    points its time cap skipped."""
+    points its time cap skipped. `points`: the part's own sizes (`roots=`, `envs=`)."""
     start = time.perf_counter()
     record: dict[str, Any] = {"status": "ok", "reason": "", "rows": [], "capped": []}
     try:
-        record["rows"], record["capped"] = PART_FUNCTIONS[name](Budget(CAPS_S[name]), smoke)
+        record["rows"], record["capped"] = PART_FUNCTIONS[name](Budget(CAPS_S[name]), smoke,
+                                                                **points)
     except _Skip as e:
         record.update(status="skipped", reason=str(e))
     except Exception as e:  # noqa: BLE001 - one part's failure must not lose the others
@@ -348,7 +434,8 @@ def table(results: dict[str, Any]) -> str:
         for point in part["capped"]:
             lines.append(f"| {name} | {point} | | | | skipped |")
         if part["status"] != "ok":
-            lines.append(f"| {name} | | | | | {part['status']}: {part['reason']} |")
+            reason = part["reason"].replace("|", "/")
+            lines.append(f"| {name} | | | | | {part['status']}: {reason} |")
     for row in results["parts"].get("sebulba_pong", {}).get("rows", []):
         if "shares" not in row:
             continue
@@ -374,9 +461,11 @@ def versions() -> dict[str, str]:
     return found
 
 
-def run(out: str, smoke: bool) -> dict[str, Any]:
-    """Runs every part, writes `out`/device_check.json and device_check.md after each (`write`);
-    returns the results."""
+def run(out: str, smoke: bool, parts: tuple[str, ...] = PARTS,
+        points: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Runs `parts` (with `points[part]`, a part's own sizes, where given), writes
+    `out`/device_check.json and device_check.md after each (`write`); returns the results."""
+    points = points or {}
     if smoke:
         # The smoke run checks that every part's code runs, not its speed: XLA's cheapest
         # compilation (most of its time is compiling).
@@ -391,15 +480,16 @@ def run(out: str, smoke: bool) -> dict[str, Any]:
                     "processor": platform.processor() or platform.machine(),
                     "load_average": os.getloadavg()[0]},
         "versions": versions(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "derived_sizes": {
             "sebulba": sebulba_config.derive_sizes(machine).fields(),
             "anakin_num_envs": anakin.config.derive_num_envs(machine, len(devices))},
         "parts": {},
     }
     os.makedirs(out, exist_ok=True)
-    for name in PARTS:
+    for name in parts:
         print(f"# {name} ...", flush=True)
-        results["parts"][name] = run_part(name, smoke)
+        results["parts"][name] = run_part(name, smoke, **points.get(name, {}))
         part = results["parts"][name]
         print(f"# {name}: {part['status']} in {part['seconds']:.1f}s {part['reason']}",
               flush=True)
@@ -415,10 +505,33 @@ def write(out: str, results: dict[str, Any]) -> None:
         f.write(table(results) + "\n")
 
 
+def _sizes(flag: flags.FlagHolder) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(v) for v in flag.value)
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise app.UsageError(f"--{flag.name}={','.join(flag.value)}: give positive integers, "
+                             f"comma-separated (e.g. --{flag.name}=256,1024)")
+    return sizes
+
+
 def main(argv):
     del argv
+    parts = tuple(_PARTS.value) or PARTS
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise app.UsageError(f"--parts: {', '.join(unknown)} not a part; choose from "
+                             f"{', '.join(PARTS)}")
+    points = {}
+    if _ROOTS.value:
+        points["muzero_search"] = {"roots": _sizes(_ROOTS)}
+    if _ANAKIN_ENVS.value:
+        points["anakin_catch"] = {"envs": _sizes(_ANAKIN_ENVS)}
+    if _GRAPH_LOOP_XLA_FLAGS.value:
+        points["graph_loops"] = {"xla_flags": tuple(_GRAPH_LOOP_XLA_FLAGS.value.split())}
     out = _OUT.value or tempfile.mkdtemp(prefix="device_check_")
-    results = run(out, _SMOKE.value)
+    results = run(out, _SMOKE.value, tuple(p for p in PARTS if p in parts), points)
     print("\n" + table(results))
     print(f"\nWritten: {os.path.join(out, 'device_check.json')} and "
           f"{os.path.join(out, 'device_check.md')}", flush=True)
