@@ -8,6 +8,8 @@ import sys
 
 from conftest import ROOT
 
+from experiments.benchmarks._ceiling import tree_loop_iterations
+
 PARTS = ["anakin_catch", "muzero_search", "muzero_learner", "sebulba_pong", "graph_loops"]
 
 
@@ -41,6 +43,11 @@ def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
     assert [r["ratio"] is not None for r in results["parts"]["anakin_catch"]["rows"]] == [True]
     assert [r["setting"].split(" (")[0] for r in results["parts"]["muzero_search"]["rows"]] == [
         "muzero", "gumbel", "muzero_ez"]
+    for row in results["parts"]["muzero_search"]["rows"]:
+        # 2 simulations: a child of the root (1 edge down, 1 up), then a node at depth 1 or 2
+        # (the deeper of the 4 roots' sets both loops' length).
+        assert row["tree_loop_iterations"] in (4, 6)
+        assert row["tree_us_per_loop_iteration"] is not None
     assert len(results["parts"]["muzero_learner"]["rows"]) == 2
     if results["parts"]["sebulba_pong"]["status"] == "ok":
         rows = results["parts"]["sebulba_pong"]["rows"]
@@ -75,3 +82,11 @@ def test_a_graph_loop_process_that_dies_is_reported_and_the_check_still_writes(t
     assert "exited with status" in part["reason"]
     assert "--xla_gpu_enable_command_buffer 'NOT_A_COMMAND'" in part["reason"]
     assert "| graph_loops | | | | | failed: " in (tmp_path / "device_check.md").read_text()
+
+
+def test_tree_loop_iterations_counts_each_loop_to_the_batchs_deepest_new_node():
+    # Two trees of 4 simulations (node 0 the root). Depths of nodes 1-4: [1, 1, 2, 3] and
+    # [1, 2, 3, 1]; the batch's deepest at each simulation: 1, 2, 3, 3 -> 9 edges down and 9 up.
+    parents = [[-1, 0, 0, 1, 3], [-1, 0, 1, 2, 0]]
+    assert tree_loop_iterations(parents) == 18
+    assert tree_loop_iterations([[-1, 0, 0, 0]]) == 6  # three children of the root

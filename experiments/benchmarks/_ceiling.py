@@ -1,5 +1,5 @@
-"""The environment-only ceiling that the Anakin benchmarks print next to their figures, and
-the timing helpers the benchmarks share."""
+"""The environment-only ceiling that the Anakin benchmarks print next to their figures, the
+timing helpers the benchmarks share, and the loop count of a batched mctx search."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import anakin
 from podracer import replication
@@ -109,3 +110,19 @@ def muzero_passes(network, steps: int) -> Callable:
         return jax.lax.scan(body, latent, actions)[1].sum() + out[0].sum()
 
     return passes
+
+
+def tree_loop_iterations(parents) -> int:
+    """The while-loop iterations of one batched mctx search whose tree has `parents` ([B, N],
+    node k + 1 added by simulation k; -1 at the root): each simulation walks from the root down
+    to its new node and from there back up, one edge an iteration, and as both loops are
+    vmapped over the batch, each runs until its deepest root is done: 2 x the sum over
+    simulations of the depth of the batch's deepest new node."""
+    parents = np.asarray(parents)
+    batch, nodes = parents.shape
+    depth = np.zeros((batch, nodes), np.int64)
+    for node in range(1, nodes):
+        parent = parents[:, node]
+        depth[:, node] = np.where(parent >= 0, depth[np.arange(batch), np.maximum(parent, 0)] + 1,
+                                  0)
+    return int(2 * depth[:, 1:].max(axis=0).sum())

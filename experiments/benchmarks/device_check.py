@@ -66,6 +66,7 @@ from experiments.benchmarks._ceiling import (
     best_time,
     env_ceiling_seconds,
     muzero_passes,
+    tree_loop_iterations,
 )
 from experiments.configs import muzero_catch, sebulba_vtrace_atari, vtrace_catch
 from podracer import machine as machine_lib
@@ -203,24 +204,36 @@ def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_R
         agent = agents.make(agent_config, spec)
         state = agent.init(jax.random.PRNGKey(0), spec)
         acts[name] = (jax.jit(lambda p, t, k, agent=agent: agent.actor_step(p, (), t, k)[0]),
-                        agent.actor_params(state))
+                      agent.actor_params(state), muzero.search_config(agent_config))
     rows, skipped = [], []
     # More roots per search: does the share of the time in network passes grow with the batch?
-    for n in (4,) if smoke else roots:
+    for i, n in enumerate((4,) if smoke else roots):
         if budget.spent():
             skipped.append(f"{n} roots: time cap")
             continue
         timestep = jax.vmap(lambda k: env.reset(k)[1])(
             jax.random.split(jax.random.PRNGKey(1), n))
         forward_s = best_call_time(forward_only, params, timestep.observation, repeats=repeats)
-        for search, (act, actor_params) in acts.items():
+        for search, (act, actor_params, search_config) in acts.items():
             seconds = best_call_time(act, actor_params, timestep, jax.random.PRNGKey(2),
                                      repeats=repeats)
             # figure / against = the share of the search's time spent in the network passes.
-            rows.append(_row("muzero_search", f"{search} ({n} roots x {sims} simulations)",
-                             n * sims / seconds, "simulations/s",
-                             "network passes alone (ratio: share of time in them)",
-                             n * sims / forward_s))
+            row = _row("muzero_search", f"{search} ({n} roots x {sims} simulations)",
+                       n * sims / seconds, "simulations/s",
+                       "network passes alone (ratio: share of time in them)",
+                       n * sims / forward_s)
+            if i == 0:  # at the first size only: each size compiles the search again
+                parents = jax.jit(lambda p, o, k, c=search_config: muzero.run_search(
+                    network, p["network"], o, k, c, evaluation=False,
+                    temperature=p["temperature"]).search_tree.parents)(
+                        actor_params, timestep.observation, jax.random.PRNGKey(2))
+                iterations = tree_loop_iterations(jax.device_get(parents))
+                row["tree_loop_iterations"] = iterations
+                # The search's time outside the network passes, per loop iteration: an upper
+                # bound on one iteration's cost (the expansions' and backups' other work is in
+                # it too).
+                row["tree_us_per_loop_iteration"] = 1e6 * (seconds - forward_s) / iterations
+            rows.append(row)
     return rows, skipped
 
 
@@ -436,6 +449,14 @@ def table(results: dict[str, Any]) -> str:
         if part["status"] != "ok":
             reason = part["reason"].replace("|", "/")
             lines.append(f"| {name} | | | | | {part['status']}: {reason} |")
+    trees = [row for part in results["parts"].values() for row in part["rows"]
+             if row.get("tree_loop_iterations")]
+    if trees:
+        lines += ["", "Search trees: while-loop iterations a search, and the search's time "
+                      "outside the network passes per iteration", "",
+                  "| part | setting | loop iterations | µs an iteration |", "|---|---|---:|---:|"]
+        lines += [f"| {row['part']} | {row['setting']} | {row['tree_loop_iterations']} | "
+                  f"{row['tree_us_per_loop_iteration']:.1f} |" for row in trees]
     for row in results["parts"].get("sebulba_pong", {}).get("rows", []):
         if "shares" not in row:
             continue
