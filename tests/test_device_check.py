@@ -54,6 +54,7 @@ def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
         assert len(rows) == 1 and "inference" in rows[0]["shares"]
         assert rows[0]["actor_inference_alone"] > 0  # beside the end-to-end run
         assert rows[0]["inference_ms_per_call"] > 0 and rows[0]["inference_ms_per_call_alone"] > 0
+        assert rows[0]["learner_ms_per_update"] > 0
         assert "in 2 batches" in rows[0]["setting"]
     # The search and Anakin again, in a process that ran under the graph flags (its own
     # XLA_FLAGS, as it recorded them; XLA:CPU parses them, so their spelling is checked).

@@ -348,6 +348,12 @@ def sebulba_pong(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
         row["inference_ms_per_call"] = (1000 * shares["inference"] * n * per_call
                                         / rate.steps_per_second)
         row["inference_ms_per_call_alone"] = inference_ms
+        # The learner's busy time per update (an update takes every thread's rollout of
+        # B x T steps): set beside the inference calls, whether an actor's call waiting
+        # behind an update on a shared device could make up the difference.
+        per_update = n * sizes.envs_per_actor_thread * config.rollout_length
+        row["learner_ms_per_update"] = (1000 * (1 - shares["learner waiting for rollouts"])
+                                        * per_update / rate.steps_per_second)
         rows.append(row)
     return rows, skipped
 
@@ -467,7 +473,8 @@ def table(results: dict[str, Any]) -> str:
                  f"a call, {row['actor_inference_alone']:,.0f} frames/s"
                  if row.get("actor_inference_alone") else "")
         lines += ["", f"Inference: {row['inference_ms_per_call']:.2f} ms a call end to end"
-                      f"{alone}."]
+                      f"{alone}. Learner: {row['learner_ms_per_update']:.2f} ms of work an "
+                      f"update."]
     return "\n".join(lines)
 
 
