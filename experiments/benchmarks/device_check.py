@@ -222,7 +222,9 @@ def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_R
                        n * sims / seconds, "simulations/s",
                        "network passes alone (ratio: share of time in them)",
                        n * sims / forward_s)
-            if i == 0:  # at the first size only: each size compiles the search again
+            # At the first size only (each size compiles the search again); in smoke, for the
+            # first search only.
+            if i == 0 and not (smoke and rows):
                 parents = jax.jit(lambda p, o, k, c=search_config: muzero.run_search(
                     network, p["network"], o, k, c, evaluation=False,
                     temperature=p["temperature"]).search_tree.parents)(
@@ -368,9 +370,11 @@ def graph_loops(budget: Budget, smoke: bool, xla_flags: tuple[str, ...] = GRAPH_
     reads its flags once, when its backend starts, and ends the process on one it cannot
     parse): its rows, each setting prefixed with the part it repeats, and its parts that did
     not finish among the skipped points."""
+    # In smoke, the search only: XLA parses the flags at start-up, whatever the programs.
+    points = {"muzero_search": ()} if smoke else GRAPH_LOOP_POINTS
     command = [sys.executable, "-m", "experiments.benchmarks.device_check",
-               f"--parts={','.join(GRAPH_LOOP_POINTS)}"]
-    command += [flag for point in GRAPH_LOOP_POINTS.values() for flag in point]
+               f"--parts={','.join(points)}"]
+    command += [flag for point in points.values() for flag in point]
     command += ["--smoke"] if smoke else []
     env = {**os.environ, "XLA_FLAGS": " ".join(
         [os.environ.get("XLA_FLAGS", ""), *xla_flags]).strip()}
