@@ -41,8 +41,11 @@ def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
     # against the environment alone; the three searches; both learner figures; one Sebulba
     # point against envpool alone, with its shares of time.
     assert [r["ratio"] is not None for r in results["parts"]["anakin_catch"]["rows"]] == [True]
-    assert [r["setting"].split(" (")[0] for r in results["parts"]["muzero_search"]["rows"]] == [
-        "muzero", "gumbel", "muzero_ez"]
+    # The Atari config's search where envpool makes Pong (its frames are the roots).
+    atari = results["parts"]["sebulba_pong"]["status"] == "ok"
+    assert [r["setting"].split(" (")[0].split(":")[0]
+            for r in results["parts"]["muzero_search"]["rows"]] == [
+        "muzero", "gumbel", "muzero_ez"] + ["muzero_atari.py"] * atari
     # Smoke counts the first search's loops: 2 simulations, a child of the root (1 edge down,
     # 1 up), then a node at depth 1 or 2 (the deepest of the 4 roots sets both loops' length).
     row = results["parts"]["muzero_search"]["rows"][0]

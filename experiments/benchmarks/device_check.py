@@ -8,7 +8,8 @@ that fails is reported as failed, so that the check always finishes and writes i
   muzero_search   MuZero's PUCT and Gumbel searches, and PUCT with EfficientZero's value term
                   (`muzero_ez`), at 256, 1,024 and 4,096 roots:
                   simulations/s and the share of their time spent in the network passes alone
-                  (as `muzero.py`)
+                  (as `muzero.py`), with the loop iterations of each search at 256 roots; then
+                  `muzero_atari.py`'s search, residual network on Pong's frames, at 256 roots
   muzero_learner  MuZero-Anakin on Catch (acting with search, replay, updates) and its learner
                   updates alone
   sebulba_pong    Sebulba V-trace on Pong (envpool Atari, IMPALA protocol) at the sizes derived
@@ -26,10 +27,11 @@ that fails is reported as failed, so that the check always finishes and writes i
                   XLA:CPU reads and ignores these flags, so `--smoke` checks their spelling.
 
     python -m experiments.benchmarks.device_check [--out=DIR]    # at most 8 minutes on a GPU
-    python -m experiments.benchmarks.device_check --smoke         # tiny sizes, CPU, < 1 minute
+    python -m experiments.benchmarks.device_check --smoke         # tiny sizes, CPU, about a minute
     python -m experiments.benchmarks.device_check --parts=muzero_search --roots=1024
 
-`--parts`, `--roots` and `--anakin_envs` choose what runs (`graph_loops` runs its process so).
+`--parts`, `--roots`, `--anakin_envs` and `--noatari_search` choose what runs (`graph_loops` runs
+its process so).
 
 On a CPU, importing the Sebulba benchmark's parts makes two simulated CPU devices.
 """
@@ -68,7 +70,7 @@ from experiments.benchmarks._ceiling import (
     muzero_passes,
     tree_loop_iterations,
 )
-from experiments.configs import muzero_catch, sebulba_vtrace_atari, vtrace_catch
+from experiments.configs import muzero_atari, muzero_catch, sebulba_vtrace_atari, vtrace_catch
 from podracer import machine as machine_lib
 from podracer import replication
 from sebulba import config as sebulba_config
@@ -76,12 +78,14 @@ from sebulba import envpool_env
 
 _OUT = flags.DEFINE_string("out", "", "Directory for device_check.json and device_check.md "
                            "(default: a new temporary directory, printed).")
-_SMOKE = flags.DEFINE_bool("smoke", False, "Every part at tiny sizes (CPU, under a minute).")
+_SMOKE = flags.DEFINE_bool("smoke", False, "Every part at tiny sizes (CPU, about a minute).")
 _PARTS = flags.DEFINE_list("parts", [], "The parts to run, in the check's order (default: all).")
 _ROOTS = flags.DEFINE_list("roots", [], "Roots per search for muzero_search (default: "
                            "SEARCH_ROOTS; --smoke uses 4).")
 _ANAKIN_ENVS = flags.DEFINE_list("anakin_envs", [], "Envs per device for anakin_catch "
                                  "(default: ANAKIN_ENVS; --smoke uses 8).")
+_ATARI_SEARCH = flags.DEFINE_bool("atari_search", True, "muzero_search also times "
+                                  "muzero_atari.py's search (where envpool makes Pong).")
 _GRAPH_LOOP_XLA_FLAGS = flags.DEFINE_string(
     "graph_loop_xla_flags", "", "XLA flags for graph_loops' process, added to XLA_FLAGS "
     "(default: GRAPH_LOOP_FLAGS): to try other ones on the same points.")
@@ -89,7 +93,7 @@ _GRAPH_LOOP_XLA_FLAGS = flags.DEFINE_string(
 # Seconds each part may start new measurements for (a compile or measurement under way
 # finishes): together at most 8 minutes with start-up.
 # graph_loops' cap is a hard limit on its process.
-CAPS_S = {"anakin_catch": 60.0, "muzero_search": 60.0, "muzero_learner": 45.0,
+CAPS_S = {"anakin_catch": 60.0, "muzero_search": 75.0, "muzero_learner": 45.0,
           "sebulba_pong": 270.0, "graph_loops": 75.0}
 # Roots per search (the first is the MuZero benchmark's), and Anakin's envs per device.
 SEARCH_ROOTS = (256, 1024, 4096)
@@ -101,7 +105,8 @@ ANAKIN_ENVS = (256, 4096)
 # small loop bodies of a search be recorded too. graph_loops runs its points under them.
 GRAPH_LOOP_FLAGS = ("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL",
                     "--xla_gpu_graph_min_graph_size=1")
-GRAPH_LOOP_POINTS = {"muzero_search": ("--roots=256",), "anakin_catch": ("--anakin_envs=4096",)}
+GRAPH_LOOP_POINTS = {"muzero_search": ("--roots=256", "--noatari_search"),
+                     "anakin_catch": ("--anakin_envs=4096",)}
 # Sebulba's points, (actor threads, envs per thread, envpool threads per batch, batches per
 # actor thread; 0 = derived from the machine), in the order they run until the cap: the derived
 # sizes, then with each thread's environments in two batches stepped in turn, the Pong config's,
@@ -177,7 +182,7 @@ def anakin_catch(budget: Budget, smoke: bool, envs: tuple[int, ...] = ANAKIN_ENV
 
 
 def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_ROOTS,
-                  ) -> tuple[list[dict], list[str]]:
+                  atari: bool = True) -> tuple[list[dict], list[str]]:
     config = muzero_catch.get_config()
     env = envs_jax.wrap_for_training(envs_jax.make(config.env.name))
     spec = env.spec()
@@ -236,7 +241,42 @@ def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_R
                 # it too).
                 row["tree_us_per_loop_iteration"] = 1e6 * (seconds - forward_s) / iterations
             rows.append(row)
+    # The Atari config's search with its residual network on Pong's frames, at the first size:
+    # the share in network passes where the passes are convolutions, not Catch's small MLP.
+    if atari and budget.spent():
+        skipped.append("muzero_atari.py's search: time cap")
+    elif atari and atari_missing() is None:
+        rows.append(_atari_search_row((4,) if smoke else roots[:1], sims, repeats))
     return rows, skipped
+
+
+def _atari_search_row(roots: tuple[int, ...], sims: int, repeats: int) -> dict[str, Any]:
+    config = muzero_atari.get_config()
+    agent_config = config.agent.copy_and_resolve_references()
+    agent_config.num_simulations = sims
+    options = envpool_env.make_options(config.env.task, config.env.protocol, config.env.kwargs)
+    spec = envpool_env.env_spec(config.env.task, options)
+    env = envpool_env.EnvpoolEnv(config.env.task, 1, seed=0, options=options)
+    n = roots[0]
+    timestep = env.reset()
+    env.close()
+    timestep = jax.tree.map(lambda x: jnp.repeat(jnp.asarray(x), n, axis=0), timestep.replace(
+        observation=envpool_env.to_agent_layout(timestep.observation)))
+    network = muzero.make_network(agent_config, spec)
+    params = network.init(jax.random.PRNGKey(0), timestep.observation[:1],
+                          jnp.zeros((1,), jnp.int32))
+    forward_s = best_call_time(muzero_passes(network, sims), params, timestep.observation,
+                               repeats=repeats)
+    agent = agents.make(agent_config, spec)
+    actor_params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
+    act = jax.jit(lambda p, t, k: agent.actor_step(p, (), t, k)[0])
+    seconds = best_call_time(act, actor_params, timestep, jax.random.PRNGKey(2),
+                             repeats=repeats)
+    return _row("muzero_search", f"muzero_atari.py: {agent_config.search}, "
+                f"{agent_config.network} with {agent_config.channels} channels on "
+                f"{config.env.task} frames ({n} roots x {sims} simulations)", n * sims / seconds,
+                "simulations/s", "network passes alone (ratio: share of time in them)",
+                n * sims / forward_s)
 
 
 def muzero_learner(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
@@ -371,7 +411,8 @@ def graph_loops(budget: Budget, smoke: bool, xla_flags: tuple[str, ...] = GRAPH_
     parse): its rows, each setting prefixed with the part it repeats, and its parts that did
     not finish among the skipped points."""
     # In smoke, the search only: XLA parses the flags at start-up, whatever the programs.
-    points = {"muzero_search": ()} if smoke else GRAPH_LOOP_POINTS
+    points = ({"muzero_search": GRAPH_LOOP_POINTS["muzero_search"]} if smoke
+              else GRAPH_LOOP_POINTS)
     command = [sys.executable, "-m", "experiments.benchmarks.device_check",
                f"--parts={','.join(points)}"]
     command += [flag for point in points.values() for flag in point]
@@ -556,8 +597,9 @@ def main(argv):
         raise app.UsageError(f"--parts: {', '.join(unknown)} not a part; choose from "
                              f"{', '.join(PARTS)}")
     points = {}
+    points["muzero_search"] = {"atari": _ATARI_SEARCH.value}
     if _ROOTS.value:
-        points["muzero_search"] = {"roots": _sizes(_ROOTS)}
+        points["muzero_search"]["roots"] = _sizes(_ROOTS)
     if _ANAKIN_ENVS.value:
         points["anakin_catch"] = {"envs": _sizes(_ANAKIN_ENVS)}
     if _GRAPH_LOOP_XLA_FLAGS.value:
