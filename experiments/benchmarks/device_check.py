@@ -19,8 +19,9 @@ that fails is reported as failed, so that the check always finishes and writes i
                   threads, with the end-to-end run's shares of time and milliseconds per
                   inference call, and at the derived sizes the same calls alone; skipped with
                   the reason when envpool's Atari games cannot be made
-  graph_loops     the search at 256 roots and Anakin at 4,096 envs per device again, in a fresh
-                  process whose XLA records while loops and conditionals into CUDA graphs
+  graph_loops     the three Catch searches at 256 roots and Anakin at 4,096 envs per device
+                  again, in a fresh process whose XLA records while loops and conditionals into
+                  CUDA graphs
                   (`GRAPH_LOOP_FLAGS`): whether the loops' per-iteration cost on the host
                   (reading each iteration's condition back, launching each body) is what keeps
                   the search's share in network passes and Anakin's share of its ceiling low.
@@ -469,7 +470,8 @@ PART_FUNCTIONS: dict[str, Callable[..., tuple[list[dict], list[str]]]] = {
 
 def run_part(name: str, smoke: bool, **points) -> dict[str, Any]:
     """One part's record: status ("ok", "skipped" or "failed"), reason, seconds, rows and the
-    points its time cap skipped. `points`: the part's own sizes (`roots=`, `envs=`)."""
+    points its time cap skipped. `points`: the part's own keyword arguments (`roots=`,
+    `atari=`, `envs=`, `xla_flags=`)."""
     start = time.perf_counter()
     record: dict[str, Any] = {"status": "ok", "reason": "", "rows": [], "capped": []}
     try:
