@@ -66,6 +66,8 @@ def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
         "muzero_search: muzero", "muzero_search: gumbel", "muzero_search: muzero_ez"]
     for row in loops:
         assert "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL" in row["xla_flags"]
+        # Beside a process that holds 75% of a GPU, it must not reserve its own 75%.
+        assert row["memory"]["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
         assert row["ratio"] is not None
     assert "graph" not in results["xla_flags"]
     table = (tmp_path / "device_check.md").read_text()

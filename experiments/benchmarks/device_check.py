@@ -418,8 +418,11 @@ def graph_loops(budget: Budget, smoke: bool, xla_flags: tuple[str, ...] = GRAPH_
                f"--parts={','.join(points)}"]
     command += [flag for point in points.values() for flag in point]
     command += ["--smoke"] if smoke else []
+    # This process already holds most of a GPU's memory (JAX reserves 75% of it when its
+    # backend starts): the second allocates what it uses as it goes.
     env = {**os.environ, "XLA_FLAGS": " ".join(
-        [os.environ.get("XLA_FLAGS", ""), *xla_flags]).strip()}
+        [os.environ.get("XLA_FLAGS", ""), *xla_flags]).strip(),
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     with tempfile.TemporaryDirectory(prefix="graph_loops_") as out:
         try:
             # In smoke the cap is not a limit: a loaded CI machine may take longer.
@@ -438,7 +441,7 @@ def graph_loops(budget: Budget, smoke: bool, xla_flags: tuple[str, ...] = GRAPH_
     for name, part in child["parts"].items():
         for row in part["rows"]:
             rows.append({**row, "part": "graph_loops", "setting": f"{name}: {row['setting']}",
-                         "xla_flags": child["xla_flags"]})
+                         "xla_flags": child["xla_flags"], "memory": child["memory"]})
         skipped += [f"{name}: {point}" for point in part["capped"]]
         if part["status"] != "ok":
             skipped.append(f"{name}: {part['status']}: {part['reason']}")
@@ -556,6 +559,9 @@ def run(out: str, smoke: bool, parts: tuple[str, ...] = PARTS,
                     "load_average": os.getloadavg()[0]},
         "versions": versions(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "memory": {name: os.environ.get(name, "") for name in (
+            "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+            "XLA_PYTHON_CLIENT_ALLOCATOR")},
         "derived_sizes": {
             "sebulba": sebulba_config.derive_sizes(machine).fields(),
             "anakin_num_envs": anakin.config.derive_num_envs(machine, len(devices))},
