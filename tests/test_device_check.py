@@ -10,7 +10,8 @@ from conftest import ROOT
 
 from experiments.benchmarks._ceiling import tree_loop_iterations
 
-PARTS = ["anakin_catch", "muzero_search", "muzero_learner", "sebulba_pong", "graph_loops"]
+PARTS = ["anakin_catch", "muzero_search", "muzero_learner", "maxpool_grad", "sebulba_pong",
+         "graph_loops"]
 
 
 def _check(*flags: str) -> subprocess.CompletedProcess:
@@ -52,6 +53,8 @@ def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
     assert row["tree_loop_iterations"] in (4, 6)
     assert row["tree_us_per_loop_iteration"] is not None
     assert len(results["parts"]["muzero_learner"]["rows"]) == 2
+    # agents.layers' max-pool gradient against XLA's, one row.
+    assert [r["ratio"] is not None for r in results["parts"]["maxpool_grad"]["rows"]] == [True]
     if results["parts"]["sebulba_pong"]["status"] == "ok":
         rows = results["parts"]["sebulba_pong"]["rows"]
         assert len(rows) == 1 and "inference" in rows[0]["shares"]

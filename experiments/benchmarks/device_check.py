@@ -12,6 +12,9 @@ that fails is reported as failed, so that the check always finishes and writes i
                   `muzero_atari.py`'s search, residual network on Pong's frames, at 256 roots
   muzero_learner  MuZero-Anakin on Catch (acting with search, replay, updates) and its learner
                   updates alone
+  maxpool_grad    the IMPALA ResNet's three max-pools, forward and backward, on a Pong learner
+                  batch: `agents.layers`' gradient (elementwise, written for XLA:CPU, used on
+                  every backend) against XLA's select-and-scatter
   sebulba_pong    Sebulba V-trace on Pong (envpool Atari, IMPALA protocol) at the sizes derived
                   from the machine, in one batch per actor thread and in two stepped in turn,
                   at 2 threads x 16 envs, then more threads and more envpool threads
@@ -39,6 +42,7 @@ On a CPU, importing the Sebulba benchmark's parts makes two simulated CPU device
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -56,13 +60,14 @@ from absl import app, flags
 # Sets up simulated CPU devices before JAX starts, and holds the Sebulba parts.
 from experiments.benchmarks import sebulba as sebulba_bench  # isort: skip
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 import agents
 import anakin
 import envs_jax
-from agents import muzero
+from agents import layers, muzero
 from experiments.benchmarks._ceiling import (
     anakin_replay_chunk,
     best_call_time,
@@ -95,7 +100,7 @@ _GRAPH_LOOP_XLA_FLAGS = flags.DEFINE_string(
 # finishes): together at most 8 minutes with start-up.
 # graph_loops' cap is a hard limit on its process.
 CAPS_S = {"anakin_catch": 60.0, "muzero_search": 75.0, "muzero_learner": 45.0,
-          "sebulba_pong": 270.0, "graph_loops": 75.0}
+          "maxpool_grad": 20.0, "sebulba_pong": 270.0, "graph_loops": 75.0}
 # Roots per search (the first is the MuZero benchmark's), and Anakin's envs per device.
 SEARCH_ROOTS = (256, 1024, 4096)
 ANAKIN_ENVS = (256, 4096)
@@ -323,6 +328,39 @@ def muzero_learner(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
 
 
 # ---------------------------------------------------------------------------------------------
+# MAX-POOLING'S GRADIENT
+
+# The IMPALA ResNet's max-pools: (height = width, channels) of each one's input on 84 x 84 frames.
+RESNET_POOLS = ((84, 16), (42, 32), (21, 32))
+
+
+def maxpool_grad(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
+    """Frames/s of the three pools' forward and backward pass with `agents.layers`' gradient,
+    against the same with XLA's select-and-scatter: on the CPU it was written for, and on the
+    device, whether the learner would be faster with XLA's (as the convolutions' kernel
+    gradient keeps XLA's off the CPU)."""
+    del budget  # one measurement
+    # The Pong config's learner batch: 32 trajectories x T = 20 frames.
+    frames, repeats = (2, 1) if smoke else (640, 3)
+    inputs = [jax.random.normal(jax.random.PRNGKey(i), (frames, size, size, channels))
+              for i, (size, channels) in enumerate(RESNET_POOLS)]
+
+    def forward_backward(pool):
+        def loss(xs):
+            return sum(jnp.sum(jnp.square(pool(x))) for x in xs)
+        return jax.jit(jax.grad(loss))
+
+    ours = best_call_time(forward_backward(layers.max_pool_3x3_stride_2), inputs,
+                          repeats=repeats)
+    xla_pool = functools.partial(nn.max_pool, window_shape=(3, 3), strides=(2, 2),
+                                 padding="SAME")  # the same maths, XLA's own gradient
+    xla = best_call_time(forward_backward(xla_pool), inputs, repeats=repeats)
+    return [_row("maxpool_grad", f"agents.layers' gradient, {frames} frames through the IMPALA "
+                 f"ResNet's three pools", frames / ours, "frames/s",
+                 "XLA's select-and-scatter (ratio above 100%: ours is faster)", frames / xla)], []
+
+
+# ---------------------------------------------------------------------------------------------
 # SEBULBA V-TRACE ON PONG
 
 
@@ -467,8 +505,8 @@ class _Skip(Exception):
 
 PART_FUNCTIONS: dict[str, Callable[..., tuple[list[dict], list[str]]]] = {
     "anakin_catch": anakin_catch, "muzero_search": muzero_search,
-    "muzero_learner": muzero_learner, "sebulba_pong": sebulba_pong,
-    "graph_loops": graph_loops}
+    "muzero_learner": muzero_learner, "maxpool_grad": maxpool_grad,
+    "sebulba_pong": sebulba_pong, "graph_loops": graph_loops}
 
 
 def run_part(name: str, smoke: bool, **points) -> dict[str, Any]:
