@@ -228,11 +228,8 @@ def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_R
         for search, (act, actor_params, search_config) in acts.items():
             seconds = best_call_time(act, actor_params, timestep, jax.random.PRNGKey(2),
                                      repeats=repeats)
-            # figure / against = the share of the search's time spent in the network passes.
-            row = _row("muzero_search", f"{search} ({n} roots x {sims} simulations)",
-                       n * sims / seconds, "simulations/s",
-                       "network passes alone (ratio: share of time in them)",
-                       n * sims / forward_s)
+            row = _search_row(f"{search} ({n} roots x {sims} simulations)", n * sims,
+                              seconds, forward_s)
             # At the first size only (each size compiles the search again); in smoke, for the
             # first search only.
             if i == 0 and not (smoke and rows):
@@ -252,18 +249,26 @@ def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_R
     if atari and budget.spent():
         skipped.append("muzero_atari.py's search: time cap")
     elif atari and atari_missing() is None:
-        rows.append(_atari_search_row((4,) if smoke else roots[:1], sims, repeats))
+        rows.append(_atari_search_row(4 if smoke else roots[0], sims, repeats))
     return rows, skipped
 
 
-def _atari_search_row(roots: tuple[int, ...], sims: int, repeats: int) -> dict[str, Any]:
+def _search_row(setting: str, simulations: int, seconds: float,
+                passes_seconds: float) -> dict[str, Any]:
+    """A search's row: figure / against = the share of its time spent in the network passes."""
+    return _row("muzero_search", setting, simulations / seconds, "simulations/s",
+                "network passes alone (ratio: share of time in them)",
+                simulations / passes_seconds)
+
+
+def _atari_search_row(n: int, sims: int, repeats: int) -> dict[str, Any]:
+    """`muzero_atari.py`'s search from `n` copies of a Pong reset."""
     config = muzero_atari.get_config()
     agent_config = config.agent.copy_and_resolve_references()
     agent_config.num_simulations = sims
     options = envpool_env.make_options(config.env.task, config.env.protocol, config.env.kwargs)
     spec = envpool_env.env_spec(config.env.task, options)
     env = envpool_env.EnvpoolEnv(config.env.task, 1, seed=0, options=options)
-    n = roots[0]
     timestep = env.reset()
     env.close()
     timestep = jax.tree.map(lambda x: jnp.repeat(jnp.asarray(x), n, axis=0), timestep.replace(
@@ -278,11 +283,9 @@ def _atari_search_row(roots: tuple[int, ...], sims: int, repeats: int) -> dict[s
     act = jax.jit(lambda p, t, k: agent.actor_step(p, (), t, k)[0])
     seconds = best_call_time(act, actor_params, timestep, jax.random.PRNGKey(2),
                              repeats=repeats)
-    return _row("muzero_search", f"muzero_atari.py: {agent_config.search}, "
-                f"{agent_config.network} with {agent_config.channels} channels on "
-                f"{config.env.task} frames ({n} roots x {sims} simulations)", n * sims / seconds,
-                "simulations/s", "network passes alone (ratio: share of time in them)",
-                n * sims / forward_s)
+    return _search_row(f"muzero_atari.py: {agent_config.search}, {agent_config.network} with "
+                       f"{agent_config.channels} channels on {config.env.task} frames ({n} roots "
+                       f"x {sims} simulations)", n * sims, seconds, forward_s)
 
 
 def muzero_learner(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
