@@ -2,7 +2,9 @@
 next to its ceiling measured in the same run, written as one JSON and one markdown table.
 
 Parts (each with a time cap; a part whose cap is spent skips its remaining points, and a part
-that fails is reported as failed, so that the check always finishes and writes its files):
+that fails is reported as failed, so that the check always finishes and writes its files; the
+caps shrink in proportion when the parts before them ran long, so that the whole check ends
+within `--check_s`):
   anakin_catch    Anakin V-trace on Catch at 256 and 4,096 envs per device, against the
                   environment alone in the same scan structure (`_ceiling.py`)
   muzero_search   MuZero's PUCT and Gumbel searches, and PUCT with EfficientZero's value term
@@ -92,13 +94,16 @@ _ANAKIN_ENVS = flags.DEFINE_list("anakin_envs", [], "Envs per device for anakin_
                                  "(default: ANAKIN_ENVS; --smoke uses 8).")
 _ATARI_SEARCH = flags.DEFINE_bool("atari_search", True, "muzero_search also times "
                                   "muzero_atari.py's search (where envpool makes Pong).")
+_CHECK_S = flags.DEFINE_float("check_s", 450.0, "Seconds for the whole check, from its first "
+                              "part (0: each part's own cap only; --smoke: no limit).")
 _GRAPH_LOOP_XLA_FLAGS = flags.DEFINE_string(
     "graph_loop_xla_flags", "", "XLA flags for graph_loops' process, added to XLA_FLAGS "
     "(default: GRAPH_LOOP_FLAGS): to try other ones on the same points.")
 
 # Seconds each part may start new measurements for (a compile or measurement under way
-# finishes): together at most 8 minutes with start-up.
-# graph_loops' cap is a hard limit on its process.
+# finishes), at most: a part's cap is its share of the check's time left (`part_cap`), and
+# graph_loops' cap, the last, is a hard limit on its process, so the check ends within
+# `--check_s` (450 s: with JAX's start-up, 8 minutes).
 CAPS_S = {"anakin_catch": 60.0, "muzero_search": 75.0, "muzero_learner": 45.0,
           "maxpool_grad": 20.0, "sebulba_pong": 270.0, "graph_loops": 75.0}
 # Roots per search (the first is the MuZero benchmark's), and Anakin's envs per device.
@@ -111,6 +116,9 @@ ANAKIN_ENVS = (256, 4096)
 # small loop bodies of a search be recorded too. graph_loops runs its points under them.
 GRAPH_LOOP_FLAGS = ("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL",
                     "--xla_gpu_graph_min_graph_size=1")
+# graph_loops' process's seconds to start (importing JAX, starting the backend) and to write its
+# files, left out of the time its parts share.
+STARTUP_S = 20.0
 GRAPH_LOOP_POINTS = {"muzero_search": ("--roots=256", "--noatari_search"),
                      "anakin_catch": ("--anakin_envs=4096",)}
 # Sebulba's points, (actor threads, envs per thread, envpool threads per batch, batches per
@@ -126,6 +134,13 @@ SEBULBA_POINTS = {"derived from the machine": (0, 0, 0, 1),
                   "2 threads x 128 envs in two batches, 8 envpool threads each": (2, 128, 8, 2)}
 PARTS = tuple(CAPS_S)
 ROW_KEYS = ("part", "setting", "figure", "unit", "against", "against_figure", "ratio")
+
+
+def part_cap(name: str, to_run: tuple[str, ...], left_s: float) -> float:
+    """The cap of part `name` with `left_s` seconds of the check left and `to_run` (`name`
+    first) still to run: its own cap, or less when the parts before it ran long, its share of
+    the time left in proportion to the caps of the parts still to run."""
+    return min(CAPS_S[name], left_s * CAPS_S[name] / sum(CAPS_S[p] for p in to_run))
 
 
 class Budget:
@@ -455,29 +470,40 @@ def graph_loops(budget: Budget, smoke: bool, xla_flags: tuple[str, ...] = GRAPH_
     # In smoke, the search only: XLA parses the flags at start-up, whatever the programs.
     points = ({"muzero_search": GRAPH_LOOP_POINTS["muzero_search"]} if smoke
               else GRAPH_LOOP_POINTS)
+    if not smoke and budget.left() <= STARTUP_S:
+        return [], [f"{name}: time cap (its process would not start in time)" for name in points]
     command = [sys.executable, "-m", "experiments.benchmarks.device_check",
                f"--parts={','.join(points)}"]
     command += [flag for point in points.values() for flag in point]
-    command += ["--smoke"] if smoke else []
+    # The process's parts share what is left of this part's cap less its start-up (importing
+    # JAX, starting the backend), so that it writes what it measured before it is stopped.
+    command += ["--smoke"] if smoke else [f"--check_s={max(budget.left() - STARTUP_S, 1.0):.1f}"]
     # This process already holds most of a GPU's memory (JAX reserves 75% of it when its
     # backend starts): the second allocates what it uses as it goes.
     env = {**os.environ, "XLA_FLAGS": " ".join(
         [os.environ.get("XLA_FLAGS", ""), *xla_flags]).strip(),
         "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    stopped = ""
     with tempfile.TemporaryDirectory(prefix="graph_loops_") as out:
         try:
             # In smoke the cap is not a limit: a loaded CI machine may take longer.
             proc = subprocess.run(command + [f"--out={out}"], env=env, capture_output=True,
                                   text=True, timeout=None if smoke else budget.left(),
                                   check=False)
-        except subprocess.TimeoutExpired as e:
-            raise RuntimeError(f"its process ran past the part's {budget.cap_s:.0f} s cap "
-                               f"and was stopped") from e
-        if proc.returncode != 0:
-            raise RuntimeError(f"its process exited with status {proc.returncode}: "
-                               + _last_errors(proc.stderr))
-        with open(os.path.join(out, "device_check.json")) as f:
-            child = json.load(f)
+        except subprocess.TimeoutExpired:
+            # Its files hold the parts it finished (it writes them after each).
+            stopped = (f"its process ran past the part's {budget.cap_s:.0f} s cap and was "
+                       f"stopped")
+        else:
+            if proc.returncode != 0:
+                raise RuntimeError(f"its process exited with status {proc.returncode}: "
+                                   + _last_errors(proc.stderr))
+        try:
+            with open(os.path.join(out, "device_check.json")) as f:
+                child = json.load(f)
+        except FileNotFoundError:
+            raise RuntimeError(f"{stopped or 'its process ended'} before it finished a "
+                               f"part") from None
     rows, skipped = [], []
     for name, part in child["parts"].items():
         for row in part["rows"]:
@@ -486,6 +512,7 @@ def graph_loops(budget: Budget, smoke: bool, xla_flags: tuple[str, ...] = GRAPH_
         skipped += [f"{name}: {point}" for point in part["capped"]]
         if part["status"] != "ok":
             skipped.append(f"{name}: {part['status']}: {part['reason']}")
+    skipped += [f"{name}: {stopped}" for name in points if name not in child["parts"]]
     return rows, skipped
 
 
@@ -512,15 +539,16 @@ PART_FUNCTIONS: dict[str, Callable[..., tuple[list[dict], list[str]]]] = {
     "sebulba_pong": sebulba_pong, "graph_loops": graph_loops}
 
 
-def run_part(name: str, smoke: bool, **points) -> dict[str, Any]:
-    """One part's record: status ("ok", "skipped" or "failed"), reason, seconds, rows and the
-    points its time cap skipped. `points`: the part's own keyword arguments (`roots=`,
-    `atari=`, `envs=`, `xla_flags=`)."""
+def run_part(name: str, smoke: bool, cap_s: float | None = None, **points) -> dict[str, Any]:
+    """One part's record: status ("ok", "skipped" or "failed"), reason, seconds, its time cap
+    (`cap_s`, default its own in `CAPS_S`), rows and the points the cap skipped. `points`: the
+    part's own keyword arguments (`roots=`, `atari=`, `envs=`, `xla_flags=`)."""
     start = time.perf_counter()
-    record: dict[str, Any] = {"status": "ok", "reason": "", "rows": [], "capped": []}
+    cap_s = CAPS_S[name] if cap_s is None else cap_s
+    record: dict[str, Any] = {"status": "ok", "reason": "", "cap_s": cap_s, "rows": [],
+                              "capped": []}
     try:
-        record["rows"], record["capped"] = PART_FUNCTIONS[name](Budget(CAPS_S[name]), smoke,
-                                                                **points)
+        record["rows"], record["capped"] = PART_FUNCTIONS[name](Budget(cap_s), smoke, **points)
     except _Skip as e:
         record.update(status="skipped", reason=str(e))
     except Exception as e:  # noqa: BLE001 - one part's failure must not lose the others
@@ -581,9 +609,12 @@ def versions() -> dict[str, str]:
 
 
 def run(out: str, smoke: bool, parts: tuple[str, ...] = PARTS,
-        points: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Runs `parts` (with `points[part]`, a part's own sizes, where given), writes
-    `out`/device_check.json and device_check.md after each (`write`); returns the results."""
+        points: dict[str, dict[str, Any]] | None = None,
+        check_s: float | None = None) -> dict[str, Any]:
+    """Runs `parts` (with `points[part]`, a part's own sizes, where given) within `check_s`
+    seconds (`part_cap`; None: each part's own cap), writes `out`/device_check.json and
+    device_check.md after each (`write`); returns the results."""
+    start = time.perf_counter()
     points = points or {}
     if smoke:
         # The smoke run checks that every part's code runs, not its speed: XLA's cheapest
@@ -593,6 +624,7 @@ def run(out: str, smoke: bool, parts: tuple[str, ...] = PARTS,
     devices = jax.devices()
     results = {
         "smoke": smoke,
+        "check_s": check_s,
         "machine": {"cores": machine.cores, "platform": machine.platform,
                     "local_devices": machine.num_devices,
                     "device_kind": devices[0].device_kind,
@@ -609,22 +641,35 @@ def run(out: str, smoke: bool, parts: tuple[str, ...] = PARTS,
         "parts": {},
     }
     os.makedirs(out, exist_ok=True)
-    for name in parts:
+    for i, name in enumerate(parts):
+        cap_s = None
+        if check_s is not None:
+            cap_s = part_cap(name, parts[i:], check_s - (time.perf_counter() - start))
         print(f"# {name} ...", flush=True)
-        results["parts"][name] = run_part(name, smoke, **points.get(name, {}))
+        if cap_s is not None and cap_s <= 0:
+            results["parts"][name] = {"status": "skipped", "reason": "the check's time was "
+                                      "spent", "cap_s": 0.0, "rows": [], "capped": [],
+                                      "seconds": 0.0}
+        else:
+            results["parts"][name] = run_part(name, smoke, cap_s, **points.get(name, {}))
         part = results["parts"][name]
         print(f"# {name}: {part['status']} in {part['seconds']:.1f}s {part['reason']}",
               flush=True)
+        results["seconds"] = time.perf_counter() - start
         write(out, results)  # after every part: a check stopped from outside keeps what ran
     return results
 
 
 def write(out: str, results: dict[str, Any]) -> None:
-    """`out`/device_check.json and device_check.md, as far as the check has got."""
-    with open(os.path.join(out, "device_check.json"), "w") as f:
-        json.dump(results, f, indent=2, default=str)
-    with open(os.path.join(out, "device_check.md"), "w") as f:
-        f.write(table(results) + "\n")
+    """`out`/device_check.json and device_check.md, as far as the check has got; each written
+    whole and then renamed into place, so that a check stopped while it writes leaves the
+    files of its previous part."""
+    for name, text in (("device_check.json", json.dumps(results, indent=2, default=str)),
+                       ("device_check.md", table(results) + "\n")):
+        path = os.path.join(out, name)
+        with open(path + ".partial", "w") as f:
+            f.write(text)
+        os.replace(path + ".partial", path)
 
 
 def _sizes(flag: flags.FlagHolder) -> tuple[int, ...]:
@@ -653,8 +698,12 @@ def main(argv):
         points["anakin_catch"] = {"envs": _sizes(_ANAKIN_ENVS)}
     if _GRAPH_LOOP_XLA_FLAGS.value:
         points["graph_loops"] = {"xla_flags": tuple(_GRAPH_LOOP_XLA_FLAGS.value.split())}
+    if _CHECK_S.value < 0:
+        raise app.UsageError(f"--check_s={_CHECK_S.value:g}: give the check's seconds, or 0 "
+                             f"for each part's own cap only")
+    check_s = None if _SMOKE.value or not _CHECK_S.value else _CHECK_S.value
     out = _OUT.value or tempfile.mkdtemp(prefix="device_check_")
-    results = run(out, _SMOKE.value, tuple(p for p in PARTS if p in parts), points)
+    results = run(out, _SMOKE.value, tuple(p for p in PARTS if p in parts), points, check_s)
     print("\n" + table(results))
     print(f"\nWritten: {os.path.join(out, 'device_check.json')} and "
           f"{os.path.join(out, 'device_check.md')}", flush=True)
