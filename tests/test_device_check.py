@@ -130,6 +130,24 @@ def test_a_part_gets_its_own_cap_or_its_share_of_the_checks_time_left(device_che
     assert device_check.part_cap("graph_loops", ("graph_loops",), -3.0) <= 0
 
 
+def test_a_point_starts_only_while_the_cap_would_hold_one_as_long_as_the_last(device_check,
+                                                                             monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(device_check.time, "perf_counter", lambda: now[0])
+    budget = device_check.Budget(10.0)
+    starts = []
+    for t in (100.0, 104.0, 108.0, 108.5):  # points of 4 s, 4 s, then 0.5 s
+        now[0] = t
+        starts.append(budget.next_point())
+    # 10 s left: the first; 6 s left > 4 s: the second; 2 s left < 4 s: not the third, and
+    # from then on none, though the fourth would follow a point of 0.5 s.
+    assert starts == [True, True, False, False]
+    now[0] = 100.0
+    budget = device_check.Budget(10.0)
+    now[0] = 111.0
+    assert not budget.next_point()  # the cap spent before the first point
+
+
 def _timed_parts(device_check, monkeypatch, first_s: float) -> dict:
     """Two stand-in parts: "first" (cap 3 s) takes `first_s` seconds, "last" (cap 1 s) none;
     each records the cap it was given."""

@@ -1,10 +1,10 @@
 """One prepared check of the devices found: every figure the accelerator questions need, each
 next to its ceiling measured in the same run, written as one JSON and one markdown table.
 
-Parts (each with a time cap; a part whose cap is spent skips its remaining points, and a part
-that fails is reported as failed, so that the check always finishes and writes its files; the
-caps shrink in proportion when the parts before them ran long, so that the whole check ends
-within `--check_s`):
+Parts, in the order they run. Each has a time cap (`CAPS_S`, less when the parts before it ran
+long: `part_cap`), within which it starts its points (`Budget.next_point`), so that the whole
+check ends within `--check_s`; the points it does not start are listed as skipped. A part that
+fails is reported as failed, so that the check always finishes and writes its files.
   anakin_catch    Anakin V-trace on Catch at 256 and 4,096 envs per device, against the
                   environment alone in the same scan structure (`_ceiling.py`)
   muzero_search   MuZero's PUCT and Gumbel searches, and PUCT with EfficientZero's value term
@@ -148,12 +148,27 @@ class Budget:
 
     def __init__(self, cap_s: float):
         self.start, self.cap_s = time.perf_counter(), cap_s
+        self._point_start: float | None = None
+        self._last_point_s, self._open = 0.0, True
 
     def spent(self) -> bool:
         return time.perf_counter() - self.start > self.cap_s
 
     def left(self) -> float:
         return max(0.0, self.cap_s - (time.perf_counter() - self.start))
+
+    def next_point(self) -> bool:
+        """Called before each of a part's points, in order: whether to start it. The first
+        starts unless the cap is spent; a later one only while the time left would hold
+        another point as long as the one before it (a point under way is not stopped, so one
+        started near the cap would run past it into the next part's time). Once a point is
+        not started, no later one is."""
+        now = time.perf_counter()
+        if self._point_start is not None:
+            self._last_point_s = now - self._point_start
+        self._point_start = now
+        self._open = self._open and self.left() > self._last_point_s
+        return self._open
 
 
 def _row(part: str, setting: str, figure: float, unit: str, against: str = "",
@@ -177,7 +192,7 @@ def anakin_catch(budget: Budget, smoke: bool, envs: tuple[int, ...] = ANAKIN_ENV
     mesh = replication.make_mesh(jax.devices())
     rows, skipped = [], []
     for n in (8,) if smoke else envs:  # in smoke a second point compiles the same programs
-        if budget.spent():
+        if not budget.next_point():
             skipped.append(f"{n} envs per device: time cap")
             continue
         env_s = env_ceiling_seconds(env, mesh, envs_per_device=n, rollout_length=rollout_length,
@@ -234,7 +249,7 @@ def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_R
     rows, skipped = [], []
     # More roots per search: does the share of the time in network passes grow with the batch?
     for i, n in enumerate((4,) if smoke else roots):
-        if budget.spent():
+        if not budget.next_point():
             skipped.append(f"{n} roots: time cap")
             continue
         timestep = jax.vmap(lambda k: env.reset(k)[1])(
@@ -261,7 +276,7 @@ def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_R
             rows.append(row)
     # The Atari config's search with its residual network on Pong's frames, at the first size:
     # the share in network passes where the passes are convolutions, not Catch's small MLP.
-    if atari and budget.spent():
+    if atari and not budget.next_point():
         skipped.append("muzero_atari.py's search: time cap")
     elif atari and atari_missing() is None:
         rows.append(_atari_search_row(4 if smoke else roots[0], sims, repeats))
@@ -409,7 +424,7 @@ def sebulba_pong(budget: Budget, smoke: bool) -> tuple[list[dict], list[str]]:
     options = envpool_env.make_options(base.env.task, base.env.protocol, base.env.kwargs)
     rows, skipped = [], []
     for name, (threads, envs, env_threads, batches) in variants.items():
-        if budget.spent():
+        if not budget.next_point():
             skipped.append(f"{name}: time cap")
             continue
         config = base.copy_and_resolve_references()
