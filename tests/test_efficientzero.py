@@ -443,9 +443,11 @@ def test_efficientzero_anakin_learns_catch_and_its_consistency_heads_do_not_coll
     from experiments.configs import efficientzero_catch
 
     config = efficientzero_catch.get_config()
-    # Two of the suite's eight simulated devices: replicated (gradients averaged across
-    # them) at a quarter of the learner work of all eight.
-    config.num_devices = 2
+    # One device, as a CPU machine runs the config (results.md's runs): seeds 0-2 end at
+    # 0.95-0.97, with projection similarity about 0 and alignment 0.86-0.92. Two devices take
+    # a third more CPU time; the replicated update is the conformance check's (its
+    # replication and metrics rules), as for every agent.
+    config.num_devices = 1
     result = anakin.train(config)
     returns = [h["episode_return"] for h in result.history]
     assert returns[0] < 0.0, returns  # started at random play
