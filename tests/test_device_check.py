@@ -1,21 +1,26 @@
 """The prepared device check (`experiments.benchmarks.device_check`): in its smoke mode every
 part runs at tiny sizes on CPU and the JSON and markdown table hold what the device run needs;
-the parts share the check's time, and graph_loops keeps what its stopped process measured."""
+the parts share the check's time (`_schedule`), and a part's stopped process keeps what it
+finished."""
 
 import json
 import os
 import subprocess
 import sys
-import warnings
+import time
 
 import pytest
 
 from conftest import ROOT
 
+from experiments.benchmarks import _schedule
 from experiments.benchmarks._ceiling import tree_loop_iterations
 
 PARTS = ["anakin_catch", "muzero_search", "muzero_learner", "maxpool_grad", "sebulba_pong",
          "graph_loops"]
+# The parts' own caps (device_check.CAPS_S, which the smoke run records).
+CAPS = {"anakin_catch": 60.0, "muzero_search": 75.0, "muzero_learner": 45.0,
+        "maxpool_grad": 20.0, "sebulba_pong": 270.0, "graph_loops": 75.0}
 
 
 def _check(*flags: str) -> subprocess.CompletedProcess:
@@ -32,6 +37,9 @@ def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
     assert set(results) >= {"smoke", "machine", "versions", "derived_sizes", "parts"}
     assert results["smoke"] is True
     assert list(results["parts"]) == PARTS
+    # Smoke has no limit for the check: each part had its own cap.
+    assert results["check_s"] is None
+    assert {name: part["cap_s"] for name, part in results["parts"].items()} == CAPS
     for name, part in results["parts"].items():
         assert part["status"] in ("ok", "skipped"), (name, part.get("traceback"))
         assert set(part) >= {"status", "reason", "seconds", "rows", "capped"}
@@ -104,37 +112,24 @@ def test_tree_loop_iterations_counts_each_loop_to_the_batchs_deepest_new_node():
     assert tree_loop_iterations([[-1, 0, 0, 0]]) == 6  # three children of the root
 
 
-@pytest.fixture
-def device_check(monkeypatch):
-    """The module, imported here: importing it sets the simulated device count in XLA_FLAGS
-    (for a process whose JAX has not started), which the test's end restores, and defines the
-    Sebulba benchmark's config flag, whose default config ml_collections loads with a method
-    Python deprecates."""
-    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
-        from experiments.benchmarks import device_check
-    return device_check
-
-
-def test_a_part_gets_its_own_cap_or_its_share_of_the_checks_time_left(device_check):
-    caps = device_check.CAPS_S
+def test_a_part_gets_its_own_cap_or_its_share_of_the_checks_time_left():
     later = ("sebulba_pong", "graph_loops")  # caps 270 + 75 = 345
-    assert (caps["sebulba_pong"], caps["graph_loops"]) == (270.0, 75.0)
     # Enough time left: each part its own cap.
-    assert device_check.part_cap("sebulba_pong", later, 400.0) == 270.0
-    assert device_check.part_cap("graph_loops", ("graph_loops",), 100.0) == 75.0
+    assert _schedule.part_cap(CAPS, "sebulba_pong", later, 400.0) == 270.0
+    assert _schedule.part_cap(CAPS, "graph_loops", ("graph_loops",), 100.0) == 75.0
     # Half the caps' sum left: each its share, half its cap.
-    assert device_check.part_cap("sebulba_pong", later, 172.5) == pytest.approx(135.0)
-    assert device_check.part_cap("graph_loops", ("graph_loops",), 37.5) == 37.5
-    assert device_check.part_cap("graph_loops", ("graph_loops",), -3.0) <= 0
+    assert _schedule.part_cap(CAPS, "sebulba_pong", later, 172.5) == pytest.approx(135.0)
+    assert _schedule.part_cap(CAPS, "graph_loops", ("graph_loops",), 37.5) == 37.5
+    assert _schedule.part_cap(CAPS, "graph_loops", ("graph_loops",), -3.0) <= 0
+    # From the start of the check, 450 s for all six (545 s of caps): 450/545 of each.
+    assert _schedule.part_cap(CAPS, "anakin_catch", tuple(CAPS), 450.0) == pytest.approx(
+        60.0 * 450 / 545)
 
 
-def test_a_point_starts_only_while_the_cap_would_hold_one_as_long_as_the_last(device_check,
-                                                                             monkeypatch):
+def test_a_point_starts_only_while_the_cap_would_hold_one_as_long_as_the_last(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(device_check.time, "perf_counter", lambda: now[0])
-    budget = device_check.Budget(10.0)
+    monkeypatch.setattr(_schedule.time, "perf_counter", lambda: now[0])
+    budget = _schedule.Budget(10.0)
     starts = []
     for t in (100.0, 104.0, 108.0, 108.5):  # points of 4 s, 4 s, then 0.5 s
         now[0] = t
@@ -143,84 +138,63 @@ def test_a_point_starts_only_while_the_cap_would_hold_one_as_long_as_the_last(de
     # from then on none, though the fourth would follow a point of 0.5 s.
     assert starts == [True, True, False, False]
     now[0] = 100.0
-    budget = device_check.Budget(10.0)
+    budget = _schedule.Budget(10.0)
     now[0] = 111.0
     assert not budget.next_point()  # the cap spent before the first point
 
 
-def _timed_parts(device_check, monkeypatch, first_s: float) -> dict:
+def _timed_parts(first_s: float):
     """Two stand-in parts: "first" (cap 3 s) takes `first_s` seconds, "last" (cap 1 s) none;
-    each records the cap it was given."""
-    import time
-
+    `caps` records the cap each was given."""
     caps = {}
 
-    def part(name, seconds):
-        def run(budget, smoke):
-            caps[name] = budget.cap_s
-            time.sleep(seconds)
-            return [], []
-        return run
+    def run_part(name, cap_s):
+        caps[name] = cap_s
+        time.sleep(first_s if name == "first" else 0.0)
+        return {"status": "ok", "reason": "", "seconds": 0.0}
 
-    monkeypatch.setattr(device_check, "CAPS_S", {"first": 3.0, "last": 1.0})
-    monkeypatch.setattr(device_check, "PART_FUNCTIONS", {"first": part("first", first_s),
-                                                         "last": part("last", 0.0)})
-    return caps
+    return run_part, caps
 
 
-def test_the_parts_share_the_checks_time_and_a_part_left_none_is_skipped(device_check,
-                                                                          monkeypatch,
-                                                                          tmp_path):
-    caps = _timed_parts(device_check, monkeypatch, first_s=1.5)
-    results = device_check.run(str(tmp_path), False, ("first", "last"), check_s=2.0)
+def test_the_parts_share_the_checks_time_and_a_part_left_none_is_skipped():
+    parts, own = ("first", "last"), {"first": 3.0, "last": 1.0}
+    run_part, caps = _timed_parts(first_s=1.5)
+    records = _schedule.run_parts(parts, own, run_part, check_s=2.0)
     # 2 s for caps 3 + 1: the first part 3/4 of it; the last what the first left (about 0.5 s).
-    assert caps["first"] == pytest.approx(1.5, abs=0.2)
+    assert caps["first"] == pytest.approx(1.5, abs=0.05)
     assert 0 < caps["last"] <= 0.5
-    assert [results["parts"][p]["status"] for p in ("first", "last")] == ["ok", "ok"]
-    assert results["check_s"] == 2.0 and results["seconds"] >= 1.5
+    assert [records[p]["status"] for p in parts] == ["ok", "ok"]
 
-    caps = _timed_parts(device_check, monkeypatch, first_s=2.1)
-    results = device_check.run(str(tmp_path), False, ("first", "last"), check_s=2.0)
-    assert "last" not in caps  # never started
-    assert results["parts"]["last"]["status"] == "skipped"
-    assert results["parts"]["last"]["reason"] == "the check's time was spent"
-    assert "| last | | | | | skipped: the check's time was spent |" in (
-        tmp_path / "device_check.md").read_text()
+    run_part, caps = _timed_parts(first_s=2.1)
+    seen = []
+    records = _schedule.run_parts(parts, own, run_part, check_s=2.0,
+                                  after_part=lambda name, record: seen.append(name))
+    assert list(caps) == ["first"]  # the last never started ...
+    assert records["last"]["status"] == "skipped"  # ... and says why
+    assert records["last"]["reason"] == "the check's time was spent"
+    assert seen == ["first", "last"]  # each recorded as it ended (the check writes its files)
 
-    # Without a limit for the check (as --smoke), each part has its own cap.
-    caps = _timed_parts(device_check, monkeypatch, first_s=0.0)
-    device_check.run(str(tmp_path), False, ("first", "last"))
-    assert caps == {"first": 3.0, "last": 1.0}
-
-
-def _stopped_graph_loops(device_check, monkeypatch, writes: bool):
-    """graph_loops with its process replaced: it writes (or not) the search's part, then is
-    stopped at the cap, as `subprocess.run` stops a process at its timeout."""
-    commands = []
-
-    def stopped_run(command, timeout, **kwargs):
-        commands.append(command)
-        out = next(a.split("=", 1)[1] for a in command if a.startswith("--out="))
-        if writes:
-            row = {"part": "muzero_search", "setting": "muzero (256 roots x 16 simulations)",
-                   "figure": 1.0, "unit": "simulations/s", "against": "", "against_figure": 2.0,
-                   "ratio": 0.5}
-            with open(os.path.join(out, "device_check.json"), "w") as f:
-                json.dump({"xla_flags": "--xla_flag", "memory": {}, "parts": {"muzero_search": {
-                    "status": "ok", "reason": "", "rows": [row], "capped": []}}}, f)
-        raise subprocess.TimeoutExpired(command, timeout)
-
-    monkeypatch.setattr(device_check.subprocess, "run", stopped_run)
-    return device_check.graph_loops(device_check.Budget(60.0), smoke=False), commands
+    # Without a limit for the check (as --smoke): None, each part its own cap.
+    run_part, caps = _timed_parts(first_s=0.0)
+    _schedule.run_parts(parts, own, run_part, check_s=None)
+    assert caps == {"first": None, "last": None}
 
 
-def test_graph_loops_keeps_what_its_stopped_process_finished(device_check, monkeypatch):
-    (rows, skipped), commands = _stopped_graph_loops(device_check, monkeypatch, writes=True)
-    assert [r["setting"] for r in rows] == ["muzero_search: muzero (256 roots x 16 simulations)"]
-    assert skipped == ["anakin_catch: its process ran past the part's 60 s cap and was stopped"]
+def test_a_stopped_part_process_keeps_the_parts_it_finished(tmp_path):
+    stopped = "its process ran past the part's 60 s cap and was stopped"
+    row = {"part": "muzero_search", "setting": "muzero (256 roots x 16 simulations)",
+           "figure": 1.0, "unit": "simulations/s", "against": "", "against_figure": 2.0,
+           "ratio": 0.5}
+    (tmp_path / "device_check.json").write_text(json.dumps(
+        {"xla_flags": "--xla_flag", "memory": {}, "parts": {"muzero_search": {
+            "status": "ok", "reason": "", "rows": [row], "capped": []}}}))
+    child, unfinished = _schedule.child_results(str(tmp_path),
+                                                ["muzero_search", "anakin_catch"], stopped)
+    assert child["parts"]["muzero_search"]["rows"] == [row]
+    assert unfinished == [f"anakin_catch: {stopped}"]
     # Its parts share the cap less the process's start-up (20 s), so it writes before the stop.
-    check_s = next(a for a in commands[0] if a.startswith("--check_s="))
-    assert float(check_s.split("=")[1]) == pytest.approx(40.0, abs=1.0)
+    assert _schedule.child_check_s(60.0) == 40.0
+    assert _schedule.child_check_s(10.0) == 1.0
 
     with pytest.raises(RuntimeError, match="stopped before it finished a part"):
-        _stopped_graph_loops(device_check, monkeypatch, writes=False)
+        _schedule.child_results(str(tmp_path / "nothing"), ["muzero_search"], stopped)

@@ -1,10 +1,11 @@
 """One prepared check of the devices found: every figure the accelerator questions need, each
 next to its ceiling measured in the same run, written as one JSON and one markdown table.
 
-Parts, in the order they run. Each has a time cap (`CAPS_S`, less when the parts before it ran
-long: `part_cap`), within which it starts its points (`Budget.next_point`), so that the whole
-check ends within `--check_s`; the points it does not start are listed as skipped. A part that
-fails is reported as failed, so that the check always finishes and writes its files.
+Parts, in the order they run. Each has a time cap (`CAPS_S`, less when the parts before it
+ran long: `_schedule.part_cap`), within which it starts its points (`Budget.next_point`), so
+that the whole check ends within `--check_s`; the points it does not start are listed as
+skipped. A part that fails is reported as failed, so that the check always finishes and
+writes its files.
   anakin_catch    Anakin V-trace on Catch at 256 and 4,096 envs per device, against the
                   environment alone in the same scan structure (`_ceiling.py`)
   muzero_search   MuZero's PUCT and Gumbel searches, and PUCT with EfficientZero's value term
@@ -78,6 +79,13 @@ from experiments.benchmarks._ceiling import (
     muzero_passes,
     tree_loop_iterations,
 )
+from experiments.benchmarks._schedule import (
+    STARTUP_S,
+    Budget,
+    child_check_s,
+    child_results,
+    run_parts,
+)
 from experiments.configs import muzero_atari, muzero_catch, sebulba_vtrace_atari, vtrace_catch
 from podracer import machine as machine_lib
 from podracer import replication
@@ -100,10 +108,10 @@ _GRAPH_LOOP_XLA_FLAGS = flags.DEFINE_string(
     "graph_loop_xla_flags", "", "XLA flags for graph_loops' process, added to XLA_FLAGS "
     "(default: GRAPH_LOOP_FLAGS): to try other ones on the same points.")
 
-# Seconds each part may start new measurements for (a compile or measurement under way
-# finishes), at most: a part's cap is its share of the check's time left (`part_cap`), and
-# graph_loops' cap, the last, is a hard limit on its process, so the check ends within
-# `--check_s` (450 s: with JAX's start-up, 8 minutes).
+# Seconds each part may start new points for, at most (`_schedule`: a part's cap is its share
+# of the check's time left, and it starts a point only while the time left would hold one as
+# long as the last). graph_loops' cap, the last, is a hard limit on its process, so the check
+# ends within `--check_s` (450 s: with JAX's start-up, 8 minutes).
 CAPS_S = {"anakin_catch": 60.0, "muzero_search": 75.0, "muzero_learner": 45.0,
           "maxpool_grad": 20.0, "sebulba_pong": 270.0, "graph_loops": 75.0}
 # Roots per search (the first is the MuZero benchmark's), and Anakin's envs per device.
@@ -116,9 +124,6 @@ ANAKIN_ENVS = (256, 4096)
 # small loop bodies of a search be recorded too. graph_loops runs its points under them.
 GRAPH_LOOP_FLAGS = ("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL",
                     "--xla_gpu_graph_min_graph_size=1")
-# graph_loops' process's seconds to start (importing JAX, starting the backend) and to write its
-# files, left out of the time its parts share.
-STARTUP_S = 20.0
 GRAPH_LOOP_POINTS = {"muzero_search": ("--roots=256", "--noatari_search"),
                      "anakin_catch": ("--anakin_envs=4096",)}
 # Sebulba's points, (actor threads, envs per thread, envpool threads per batch, batches per
@@ -134,41 +139,6 @@ SEBULBA_POINTS = {"derived from the machine": (0, 0, 0, 1),
                   "2 threads x 128 envs in two batches, 8 envpool threads each": (2, 128, 8, 2)}
 PARTS = tuple(CAPS_S)
 ROW_KEYS = ("part", "setting", "figure", "unit", "against", "against_figure", "ratio")
-
-
-def part_cap(name: str, to_run: tuple[str, ...], left_s: float) -> float:
-    """The cap of part `name` with `left_s` seconds of the check left and `to_run` (`name`
-    first) still to run: its own cap, or less when the parts before it ran long, its share of
-    the time left in proportion to the caps of the parts still to run."""
-    return min(CAPS_S[name], left_s * CAPS_S[name] / sum(CAPS_S[p] for p in to_run))
-
-
-class Budget:
-    """A part's time cap: `spent()` once `cap_s` seconds have passed since it began."""
-
-    def __init__(self, cap_s: float):
-        self.start, self.cap_s = time.perf_counter(), cap_s
-        self._point_start: float | None = None
-        self._last_point_s, self._open = 0.0, True
-
-    def spent(self) -> bool:
-        return time.perf_counter() - self.start > self.cap_s
-
-    def left(self) -> float:
-        return max(0.0, self.cap_s - (time.perf_counter() - self.start))
-
-    def next_point(self) -> bool:
-        """Called before each of a part's points, in order: whether to start it. The first
-        starts unless the cap is spent; a later one only while the time left would hold
-        another point as long as the one before it (a point under way is not stopped, so one
-        started near the cap would run past it into the next part's time). Once a point is
-        not started, no later one is."""
-        now = time.perf_counter()
-        if self._point_start is not None:
-            self._last_point_s = now - self._point_start
-        self._point_start = now
-        self._open = self._open and self.left() > self._last_point_s
-        return self._open
 
 
 def _row(part: str, setting: str, figure: float, unit: str, against: str = "",
@@ -490,9 +460,7 @@ def graph_loops(budget: Budget, smoke: bool, xla_flags: tuple[str, ...] = GRAPH_
     command = [sys.executable, "-m", "experiments.benchmarks.device_check",
                f"--parts={','.join(points)}"]
     command += [flag for point in points.values() for flag in point]
-    # The process's parts share what is left of this part's cap less its start-up (importing
-    # JAX, starting the backend), so that it writes what it measured before it is stopped.
-    command += ["--smoke"] if smoke else [f"--check_s={max(budget.left() - STARTUP_S, 1.0):.1f}"]
+    command += ["--smoke"] if smoke else [f"--check_s={child_check_s(budget.left()):.1f}"]
     # This process already holds most of a GPU's memory (JAX reserves 75% of it when its
     # backend starts): the second allocates what it uses as it goes.
     env = {**os.environ, "XLA_FLAGS": " ".join(
@@ -513,12 +481,7 @@ def graph_loops(budget: Budget, smoke: bool, xla_flags: tuple[str, ...] = GRAPH_
             if proc.returncode != 0:
                 raise RuntimeError(f"its process exited with status {proc.returncode}: "
                                    + _last_errors(proc.stderr))
-        try:
-            with open(os.path.join(out, "device_check.json")) as f:
-                child = json.load(f)
-        except FileNotFoundError:
-            raise RuntimeError(f"{stopped or 'its process ended'} before it finished a "
-                               f"part") from None
+        child, unfinished = child_results(out, list(points), stopped)
     rows, skipped = [], []
     for name, part in child["parts"].items():
         for row in part["rows"]:
@@ -527,8 +490,7 @@ def graph_loops(budget: Budget, smoke: bool, xla_flags: tuple[str, ...] = GRAPH_
         skipped += [f"{name}: {point}" for point in part["capped"]]
         if part["status"] != "ok":
             skipped.append(f"{name}: {part['status']}: {part['reason']}")
-    skipped += [f"{name}: {stopped}" for name in points if name not in child["parts"]]
-    return rows, skipped
+    return rows, skipped + unfinished
 
 
 def _last_errors(stderr: str) -> str:
@@ -627,8 +589,8 @@ def run(out: str, smoke: bool, parts: tuple[str, ...] = PARTS,
         points: dict[str, dict[str, Any]] | None = None,
         check_s: float | None = None) -> dict[str, Any]:
     """Runs `parts` (with `points[part]`, a part's own sizes, where given) within `check_s`
-    seconds (`part_cap`; None: each part's own cap), writes `out`/device_check.json and
-    device_check.md after each (`write`); returns the results."""
+    seconds (`_schedule.run_parts`; None: each part's own cap), writes `out`/device_check.json
+    and device_check.md after each (`write`); returns the results."""
     start = time.perf_counter()
     points = points or {}
     if smoke:
@@ -656,22 +618,19 @@ def run(out: str, smoke: bool, parts: tuple[str, ...] = PARTS,
         "parts": {},
     }
     os.makedirs(out, exist_ok=True)
-    for i, name in enumerate(parts):
-        cap_s = None
-        if check_s is not None:
-            cap_s = part_cap(name, parts[i:], check_s - (time.perf_counter() - start))
+
+    def one(name, cap_s):
         print(f"# {name} ...", flush=True)
-        if cap_s is not None and cap_s <= 0:
-            results["parts"][name] = {"status": "skipped", "reason": "the check's time was "
-                                      "spent", "cap_s": 0.0, "rows": [], "capped": [],
-                                      "seconds": 0.0}
-        else:
-            results["parts"][name] = run_part(name, smoke, cap_s, **points.get(name, {}))
-        part = results["parts"][name]
+        return run_part(name, smoke, cap_s, **points.get(name, {}))
+
+    def after(name, part):
         print(f"# {name}: {part['status']} in {part['seconds']:.1f}s {part['reason']}",
               flush=True)
+        results["parts"][name] = part
         results["seconds"] = time.perf_counter() - start
         write(out, results)  # after every part: a check stopped from outside keeps what ran
+
+    run_parts(parts, CAPS_S, one, check_s, after)
     return results
 
 
