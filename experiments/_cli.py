@@ -1,5 +1,6 @@
 """What the experiment entry points share: quiet logging, joining a multi-process run, and
-turning the ways a run ends into exit statuses and one clear message.
+turning the ways a run ends into exit statuses and one clear message; `parse_flags`, the
+flag parser of a command with an `ml_collections` `--config`.
 
     0    done
     1    failed (a thread or device error; a NaN or inf loss or parameter, named by update)
@@ -11,13 +12,17 @@ turning the ways a run ends into exit statuses and one clear message.
 
 from __future__ import annotations
 
+import ast
+import difflib
 import os
+import re
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_collections
 from absl import flags, logging
 
 from podracer import distributed
@@ -61,3 +66,143 @@ def run(train: Callable[..., Any], config: Any, workdir: str | None) -> None:
         _leave(1, multiprocess)
     if result.interrupted:
         _leave(128 + signal.SIGTERM, multiprocess)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flags.
+
+_SWEEP_AGENT = re.compile(r"^--?config\.sweep\.agent\.([A-Za-z_]\w*)(?:=(.*))?$", re.S)
+_OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
+_CONFIG_FILE = re.compile(r"^--?config(?:=(.*))?$", re.S)
+
+
+def _refuse(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _split_sweep_overrides(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """(argv without its `--config.sweep.agent.<field>` flags, {field: value text})."""
+    kept, sweep = [argv[0]], {}
+    args = list(argv[1:])
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":  # absl reads no flag after it
+            kept += args[i:]
+            break
+        match = _SWEEP_AGENT.match(arg)
+        if match is None:
+            kept.append(arg)
+        elif match.group(2) is not None:
+            sweep[match.group(1)] = match.group(2)
+        elif i + 1 < len(args):
+            sweep[match.group(1)] = args[i + 1]
+            i += 1
+        else:
+            _refuse(f"{arg} needs a value, e.g. {arg}='(1e-3, 3e-4)'")
+        i += 1
+    return kept, sweep
+
+
+def _config_file_argument(argv: Sequence[str]) -> str | None:
+    for i, arg in enumerate(argv[1:], 1):
+        if arg == "--":
+            return None
+        match = _CONFIG_FILE.match(arg)
+        if match is not None:
+            return match.group(1) if match.group(1) is not None else (
+                argv[i + 1] if i + 1 < len(argv) else None)
+    return None
+
+
+def _unknown_override(config: Any, argv: Sequence[str]) -> str | None:
+    """The message for the first `--config.<path>` of `argv` that names no field of `config`
+    (None: every path names one), with the closest names the config has there."""
+    for arg in argv[1:]:
+        if arg == "--":
+            break
+        match = _OVERRIDE.match(arg)
+        if match is None:
+            continue
+        path = match.group(1)
+        node = config
+        for depth, key in enumerate(path.split(".")):
+            where = ".".join(["config", *path.split(".")[:depth]])
+            if not isinstance(node, (ml_collections.ConfigDict, dict)):
+                return (f"--config.{path}: {where} is a value ({node!r}), not a group of "
+                        f"fields. Fix: set --{where}=... itself")
+            if key not in node:
+                close = difflib.get_close_matches(key, list(node.keys()), n=3, cutoff=0.6)
+                hint = (f"did you mean {' or '.join(f'{where}.{c}' for c in close)}?" if close
+                        else f"{where} has {', '.join(sorted(node.keys())) or 'no fields'}")
+                return (f"--config.{path}: the config has no field {where}.{key} ({hint}). "
+                        "Fix: override a field the config file sets (the runner's "
+                        "default_config() lists them all)")
+            node = node[key]
+    return None
+
+
+def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS,
+                config_flag: str = "config") -> list[str]:
+    """absl's flag parsing (`app.run(main, flags_parser=_cli.parse_flags)`) for a command whose
+    `ml_collections` config flag, `config`, has no default file (a default is loaded, with the
+    overrides, when the flag is defined, before any parser runs). It refuses bad input in one
+    line with exit status 2, as a bad config field is refused, instead of a traceback: an
+    unknown flag, a value that does not parse, an override of a field the config does not have
+    (naming the closest it has), a config file that is not there.
+
+    It also takes `--config.sweep.agent.<field>=<values>` (e.g. `'(1e-3, 3e-4)'`, a Python
+    literal), which `ml_collections` cannot: it overrides only fields the config already has,
+    and `sweep.agent` starts empty. Returns the arguments left after the flags.
+    """
+    argv, sweep = _split_sweep_overrides(argv)
+    # ml_collections reads the overrides from sys.argv when the config flag parses.
+    saved, sys.argv = sys.argv, list(argv)
+    try:
+        rest = flag_values(argv)
+    except flags.Error as error:
+        _refuse(f"{error} (--helpshort lists the flags)")
+    except (KeyError, AttributeError):
+        # ml_collections, for an override of a field the config lacks: name it.
+        argument = _config_file_argument(argv)
+        problem = None if argument is None else _unknown_override(
+            flag_values[config_flag].parser.parse(argument), argv)
+        if problem is None:
+            raise
+        _refuse(problem)
+    finally:
+        sys.argv = saved
+    config = flag_values[config_flag].value
+    if config is not None and not isinstance(config, ml_collections.ConfigDict):
+        try:  # ml_collections defers a file it could not load to the config's first use
+            config.keys()
+        except OSError:
+            path = (_config_file_argument(argv) or "").split(":", 1)[0]
+            _refuse(f"--{config_flag}: cannot load the config file {path!r} (is it there?). "
+                    "Fix: give a config file's path, e.g. experiments/configs/vtrace_catch.py")
+    if sweep:
+        _set_sweep(config, sweep)
+    return rest
+
+
+def _set_sweep(config: ml_collections.ConfigDict, sweep: dict[str, str]) -> None:
+    group = config.get("sweep")
+    if not isinstance(group, ml_collections.ConfigDict) or not isinstance(
+            group.get("agent"), ml_collections.ConfigDict):
+        _refuse(f"--config.sweep.agent.{next(iter(sweep))}: this config has no sweep.agent. "
+                "Fix: sweep under experiments.anakin (Sebulba runs one run at a time)")
+    for field, text in sweep.items():
+        name = f"config.sweep.agent.{field}"
+        try:
+            values = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            _refuse(f"{name}: cannot read {text!r}. Fix: give one value per run as a Python "
+                    f"sequence, e.g. --{name}='(1e-3, 3e-4)'")
+        values = tuple(values) if isinstance(values, list) else values
+        try:
+            with group.agent.unlocked():
+                group.agent[field] = values
+        except TypeError as error:
+            _refuse(f"{name}: {error}. Fix: give one value per run as a Python sequence, "
+                    f"e.g. --{name}='(1e-3, 3e-4)'")

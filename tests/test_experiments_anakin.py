@@ -45,3 +45,31 @@ def test_bad_flag_value_exits_non_zero_naming_the_field(tmp_path):
     assert proc.returncode != 0
     assert "config.num_envs" in proc.stderr and "not divisible" in proc.stderr
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_mistyped_override_is_refused_in_one_line_naming_the_field_it_meant(tmp_path):
+    workdir = tmp_path / "run"
+    proc = _run("--config=experiments/configs/vtrace_catch.py", "--config.total_steps=64000",
+                f"--workdir={workdir}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [proc.stderr.strip()]  # one line, no traceback
+    assert "--config.total_steps" in proc.stderr and "config.total_env_steps" in proc.stderr
+    assert not workdir.exists()
+
+
+def test_an_agent_field_is_swept_from_the_command_line(tmp_path):
+    proc = _run(
+        "--config=experiments/configs/vtrace_catch.py",
+        "--config.num_envs=32",
+        "--config.rollout_length=20",
+        "--config.total_env_steps=32000",
+        "--config.sweep.agent.learning_rate=(1e-3, 3e-4)",
+        f"--workdir={tmp_path}",
+        env_extra={"XLA_FLAGS": xla_flags(1)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recorded = json.loads((tmp_path / "config.json").read_text())
+    assert recorded["sweep"]["agent"]["learning_rate"] == [1e-3, 3e-4]
+    for run in ("run_0", "run_1"):
+        records = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["env_steps"] for line in records] == [32_000]
