@@ -4,7 +4,7 @@ flag parser of a command with an `ml_collections` `--config`.
 
     0    done
     1    failed (a thread or device error; a NaN or inf loss or parameter, named by update)
-    2    refused before it started: a bad config field, an unusable --workdir, a workdir
+    2    refused before it started: a bad flag or config field, an unusable --workdir, a workdir
          holding a checkpoint of a different run, or one locked by a run that is still alive
          (nothing in the workdir was changed)
     143  stopped by SIGTERM after saving a checkpoint (128 + SIGTERM): rerun to resume
