@@ -148,7 +148,11 @@ def main(argv: list[str]) -> None:
     labels = _LABELS.value or [None] * len(workdirs)
     if len(labels) != len(workdirs):
         raise app.UsageError(f"--labels has {len(labels)} entries for {len(workdirs)} workdirs.")
-    runs = [run for workdir, label in zip(workdirs, labels) for run in load_runs(workdir, label)]
+    try:
+        runs = [run for workdir, label in zip(workdirs, labels)
+                for run in load_runs(workdir, label)]
+    except FileNotFoundError as error:
+        raise app.UsageError(str(error)) from None
     path = plot_curves(runs, _OUT.value, title=_TITLE.value)
     print(f"Wrote {path}: {len(runs)} runs in {len({r.label for r in runs})} curves.")
 

@@ -76,6 +76,13 @@ def test_command_writes_a_png_of_pooled_curves(tmp_path):
     height, width = matplotlib.image.imread(str(out)).shape[:2]
     # Two rows (episode and eval return) by two columns (env steps, wall time).
     assert width > height > 500
+    missing = tmp_path / "no_run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.plot", str(missing), f"--out={out}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"No metrics.jsonl records in {missing}" in proc.stderr
 
 
 def test_a_workdir_without_metrics_is_an_error_naming_it(tmp_path):
