@@ -145,12 +145,13 @@ def _unknown_override(config: Any, argv: Sequence[str]) -> str | None:
 
 def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS,
                 config_flag: str = "config") -> list[str]:
-    """absl's flag parsing (`app.run(main, flags_parser=_cli.parse_flags)`) for a command whose
-    `ml_collections` config flag, `config`, has no default file (a default is loaded, with the
-    overrides, when the flag is defined, before any parser runs). It refuses bad input in one
-    line with exit status 2, as a bad config field is refused, instead of a traceback: an
-    unknown flag, a value that does not parse, an override of a field the config does not have
-    (naming the closest it has), a config file that is not there.
+    """absl's flag parsing (`app.run(main, flags_parser=_cli.parse_flags)`), refusing bad input
+    in one line with exit status 2, as a bad config field is refused, instead of absl's status 1
+    or a traceback: an unknown flag, a value that does not parse or is out of its bounds, and,
+    for a command with an `ml_collections` config flag named `config` and no default file (a
+    default is loaded, with the overrides, when the flag is defined, before any parser runs),
+    an override of a field the config does not have (naming the closest it has) and a config
+    file that is not there.
 
     It also takes `--config.sweep.agent.<field>=<values>` (e.g. `'(1e-3, 3e-4)'`, a Python
     literal), which `ml_collections` cannot: it overrides only fields the config already has,
@@ -173,7 +174,7 @@ def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS
         _refuse(problem)
     finally:
         sys.argv = saved
-    config = flag_values[config_flag].value
+    config = flag_values[config_flag].value if config_flag in flag_values else None
     if config is not None and not isinstance(config, ml_collections.ConfigDict):
         try:  # ml_collections defers a file it could not load to the config's first use
             config.keys()

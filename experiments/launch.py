@@ -15,6 +15,7 @@ watchdog, with no launcher needed.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -24,17 +25,20 @@ import time
 
 from absl import app, flags
 
+from experiments import _cli
 from podracer import distributed
 
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 2, "Processes to start.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 2, "Processes to start.", lower_bound=1)
 _MODULE = flags.DEFINE_string("module", "experiments.sebulba", "Experiment module to run.")
-_PORT = flags.DEFINE_integer("port", 0, "Coordinator port on 127.0.0.1; 0 picks a free one.")
+_PORT = flags.DEFINE_integer("port", 0, "Coordinator port on 127.0.0.1; 0 picks a free one.",
+                             lower_bound=0, upper_bound=65535)
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices_per_process", 0,
     "Simulated CPU devices in each process (sets --xla_force_host_platform_device_count); "
-    "0 leaves XLA_FLAGS as it is.")
+    "0 leaves XLA_FLAGS as it is.", lower_bound=0)
 _GRACE_S = flags.DEFINE_float("grace_s", 10.0,
-                              "Seconds the others get to stop after one process fails.")
+                              "Seconds the others get to stop after one process fails.",
+                              lower_bound=0.0)
 
 
 def _free_port() -> int:
@@ -98,9 +102,13 @@ def launch(module: str, args: list[str], num_processes: int, *, port: int = 0,
 
 
 def main(argv: list[str]) -> None:
+    if importlib.util.find_spec(_MODULE.value) is None:
+        print(f"error: --module={_MODULE.value}: no such module. Fix: name an experiment module, "
+              "e.g. experiments.anakin or experiments.sebulba", file=sys.stderr)
+        sys.exit(2)
     sys.exit(launch(_MODULE.value, argv[1:], _NUM_PROCESSES.value, port=_PORT.value,
                     cpu_devices_per_process=_CPU_DEVICES.value, grace_s=_GRACE_S.value))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

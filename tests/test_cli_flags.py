@@ -2,11 +2,17 @@
 bad flags are refused in one line with exit status 2, and agent fields sweep from the command
 line."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 from absl import flags
 from ml_collections import config_flags
 
 from experiments import _cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ml_collections loads config files with importlib's load_module, deprecated since Python 3.10.
 pytestmark = pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
@@ -102,3 +108,24 @@ def test_a_sweep_that_does_not_read_or_has_nowhere_to_go_is_refused(capsys, tmp_
     no_sweep.write_text(CONFIG.replace("    config.sweep", "    # config.sweep"))
     err = _refused(capsys, f"--config={no_sweep}", "--config.sweep.agent.learning_rate=(1, 2)")
     assert "this config has no sweep.agent" in err
+
+
+def test_a_command_without_a_config_flag_refuses_a_value_out_of_bounds(capsys):
+    values = flags.FlagValues()
+    flags.DEFINE_integer("num_processes", 2, "processes", lower_bound=1, flag_values=values)
+    assert _cli.parse_flags(["prog", "--num_processes=3", "--", "--config.x=1"],
+                            flag_values=values) == ["prog", "--config.x=1"]
+    with pytest.raises(SystemExit) as exit_:
+        _cli.parse_flags(["prog", "--num_processes=0"], flag_values=values)
+    assert exit_.value.code == 2
+    assert "--num_processes=0: 0 is not a positive integer" in capsys.readouterr().err
+
+
+def test_the_launcher_refuses_a_module_that_is_not_there():
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.launch", "--module=experiments.anakinn", "--",
+         "--config=experiments/configs/vtrace_catch.py"], cwd=ROOT, capture_output=True,
+        text=True, timeout=120, check=False,
+        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.startswith("error: --module=experiments.anakinn: no such module")
