@@ -1006,6 +1006,11 @@ def _run(rule: Rule, subject: _Subject) -> RuleResult:
     return RuleResult(rule.name, "pass", note or "")
 
 
+def _short(error: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
@@ -1031,9 +1036,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--agent={args.agent}: no agent of that name is registered (registered: "
                      f"{', '.join(agents.registered())}); to check your own agent, name the "
                      "module that registers it with --module=pkg.mod")
+    rules = [r for r in args.rules.split(",") if r]
+    unknown = [r for r in rules if r not in RULE_NAMES]
+    if unknown:
+        parser.error(f"--rules: no rule named {', '.join(unknown)} (the rules: "
+                     f"{', '.join(RULE_NAMES)})")
+    try:
+        envs_jax.make(args.env)
+    except KeyError as error:
+        parser.error(f"--env={args.env}: {error.args[0]}")
     report = check_agent(args.agent, env=args.env, num_devices=args.num_devices,
-                         rules=[r for r in args.rules.split(",") if r] or None,
-                         raise_on_failure=False)
+                         rules=rules or None, raise_on_failure=False)
     print(report)
     return 0 if report.passed else 1
 
@@ -1041,7 +1054,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-def _short(error: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(error).split())
-    return text if len(text) <= limit else text[:limit] + " ..."

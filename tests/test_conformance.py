@@ -13,6 +13,10 @@ rule, to show that a break trips its own rule and no other, and float actions th
 rule, to show that the rules building on a failed one are skipped rather than failed again.
 """
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -29,6 +33,8 @@ from agents import (
 from experiments import conformance
 from experiments.conformance import RULE_NAMES, ConformanceError, check_agent
 from podracer.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _small_muzero(module):
@@ -382,6 +388,57 @@ def test_the_command_line_names_the_registered_agents_and_module_for_an_unknown_
     with pytest.raises(SystemExit):
         conformance.main(["--module=no_such_module_here", "--agent=vtrace"])
     assert "--module=no_such_module_here: cannot import it" in capsys.readouterr().err
+
+
+_FAILING_MODULE = '''
+import agents
+from agents import vtrace
+
+
+def make_agent(config, env_spec):
+    agent = vtrace.make_agent(config, env_spec)
+
+    def actor_step(params, actor_state, timestep, key, *, evaluation=False):
+        raise RuntimeError("a bug of the agent's own")
+
+    return agent._replace(actor_step=actor_step)
+
+
+def default_config():
+    config = vtrace.default_config()
+    config.name = "failing_vtrace"
+    return config
+
+
+agents.register("failing_vtrace", make_agent, default_config=default_config)
+'''
+
+
+def test_the_command_as_a_researcher_runs_it_reports_a_rule_that_raised(tmp_path):
+    # As a process (`python -m`): the module runs as __main__, so what main() calls must be
+    # defined before the module's end.
+    (tmp_path / "failing_agent.py").write_text(_FAILING_MODULE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.conformance", "--module=failing_agent",
+         "--agent=failing_vtrace", "--rules=interface,actions"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[1] == "PASS  interface"
+    assert lines[2].startswith("FAIL  actions") and "RuntimeError: a bug of the agent's own" in (
+        done.stdout)
+
+
+def test_the_command_line_refuses_an_unknown_rule_or_environment(capsys):
+    with pytest.raises(SystemExit) as caught:
+        conformance.main(["--agent=vtrace", "--rules=interface,vmapp"])
+    assert caught.value.code == 2
+    assert "--rules: no rule named vmapp" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as caught:
+        conformance.main(["--agent=vtrace", "--env=catchh"])
+    assert caught.value.code == 2
+    assert "--env=catchh: Unknown environment 'catchh'" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------
