@@ -113,14 +113,17 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         compile_seconds = time.perf_counter() - started
         state, start = _resume(session, plan, programs, state, init_args[2])
         records = _open_records(session, plan, start)
+        run_info = _run_info(plan, programs, start)
         if plan.is_main:
+            _write_run_info(session, run_info)
             _print_banner(plan, session, start, compile_seconds)
         loop = _HostLoop(plan, programs, chunk_fn, session, records, log_fn,
                          time_offset=compile_seconds + start.wall_time)
         state, outcome = loop.run(state, start)
     finally:
         session.close()
-    return _finish_run(plan, session, records, state, outcome, start, compile_seconds)
+    return _finish_run(plan, session, records, state, outcome, start, compile_seconds,
+                       run_info)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +212,38 @@ def _open_records(session: RunSession, plan: RunPlan, start: _Start) -> workdir_
         progress=not plan.sweep)
 
 
+def _run_info(plan: RunPlan, programs: _Programs, start: _Start) -> dict[str, Any]:
+    """What was run (run_info.json, `TrainResult.run_info`): the environment and the library
+    behind it with its version, the agent, the devices and machine, the sizes and the config."""
+    host = machine.detect()
+    return {
+        "architecture": "anakin",
+        "environment": {**envs_jax.describe(plan.env_name),
+                        "kwargs": dict(plan.config["env"].get("kwargs") or {})},
+        "agent": plan.agent_name,
+        "parameters": parameter_count(plan.agent, plan.env.spec()),
+        "platform": jax.devices()[0].platform,
+        "num_processes": jax.process_count(),
+        "devices": [str(d) for d in programs.mesh.devices.flat],
+        "num_envs": plan.num_envs,
+        "rollout_length": plan.rollout_length,
+        "updates_per_chunk": plan.updates_per_chunk,
+        "num_chunks": plan.num_chunks,
+        "num_runs": plan.num_runs,
+        "machine": {**dataclasses.asdict(host), "cpu": machine.cpu_model()},
+        "derived_sizes": ["num_envs"] if plan.machine is not None else [],
+        "jax_version": jax.__version__,
+        "config": plan.config,
+        "resumed_from_updates": start.resumed_from,
+    }
+
+
+def _write_run_info(session: RunSession, run_info: dict[str, Any]) -> None:
+    if session.workdir is not None:
+        with open(f"{session.workdir}/run_info.json", "w") as f:
+            json.dump(run_info, f, indent=2, default=str)
+
+
 def _derived(plan: RunPlan) -> str:
     """' (derived from the machine: ...)' where num_envs was left to it."""
     if plan.machine is None:
@@ -235,7 +270,7 @@ def _print_banner(plan: RunPlan, session: RunSession, start: _Start,
 
 def _finish_run(plan: RunPlan, session: RunSession, records: workdir_lib.Records,
                 state: RunnerState, outcome: _Outcome, start: _Start,
-                compile_seconds: float) -> TrainResult:
+                compile_seconds: float, run_info: dict[str, Any]) -> TrainResult:
     """The end-of-run summary (process 0) and the result."""
     run_seconds = time.perf_counter() - outcome.run_start
     checkpoint_seconds = outcome.checkpoint_seconds + session.checkpoint_close_seconds
@@ -255,7 +290,8 @@ def _finish_run(plan: RunPlan, session: RunSession, records: workdir_lib.Records
                        compile_seconds=compile_seconds, run_seconds=run_seconds,
                        run_histories=histories, interrupted=outcome.interrupted,
                        resumed_from_updates=start.resumed_from,
-                       checkpoint_seconds=checkpoint_seconds, eval_seconds=outcome.eval_seconds)
+                       checkpoint_seconds=checkpoint_seconds, eval_seconds=outcome.eval_seconds,
+                       run_info=run_info)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from envs_jax.classic_control import MAX_EPISODE_STEPS, Acrobot, CartPole, Mount
 from envs_jax.diagnostics import Bandit, DeepSea, MemoryChain, UmbrellaChain
 from envs_jax.registry import (
     default_max_episode_steps,
+    describe,
     make,
     missing_extra,
     namespaces,
@@ -69,6 +70,7 @@ __all__ = [
     "UmbrellaChain",
     "Wrapper",
     "default_max_episode_steps",
+    "describe",
     "make",
     "missing_extra",
     "namespaces",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.metadata
 import importlib.util
 import itertools
 from collections.abc import Callable
@@ -92,6 +93,20 @@ def missing_extra(name: str) -> str | None:
     if sep and namespace in _NAMESPACES and not installed(namespace):
         return _NAMESPACES[namespace].extra
     return None
+
+
+def describe(name: str) -> dict[str, Any]:
+    """What a run records about environment `name`: `kind` "native" (this package's code), or
+    the adapter namespace, with the `library` behind it and its installed `library_version`."""
+    namespace, sep, _ = name.partition(_SEPARATOR)
+    if not sep or namespace not in _NAMESPACES:
+        return {"name": name, "kind": "native"}
+    library = _NAMESPACES[namespace].library
+    try:
+        version = importlib.metadata.version(library)
+    except importlib.metadata.PackageNotFoundError:  # a module installed some other way
+        version = getattr(importlib.import_module(library), "__version__", None)
+    return {"name": name, "kind": namespace, "library": library, "library_version": version}
 
 
 def namespaces() -> list[str]:

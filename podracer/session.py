@@ -83,10 +83,12 @@ class TrainResult:
     # Anakin sweeps: each run's own records (`history` averages the runs).
     run_histories: list[list[dict[str, Any]]] = dataclasses.field(default_factory=list)
     # Sebulba: one policy lag per update of this call, (u - 1) - the oldest version in batch u;
-    # (version, params) newest on each actor device; the last update's input; what was run.
+    # (version, params) newest on each actor device; the last update's input.
     policy_lags: list[int] = dataclasses.field(default_factory=list)
     actor_params: list[tuple[int, Any]] = dataclasses.field(default_factory=list)
     last_batch: tuple[Any, ...] = ()
+    # What was run (both runners; <workdir>/run_info.json): the environment with its library's
+    # version or protocol, the agent, devices, machine, sizes and config.
     run_info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:

@@ -60,13 +60,17 @@ def host_device() -> jax.Device:
 
 
 def run_description(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """What a run records about its environments: the name, its options, where it steps, and
-    the JAX version that compiles it."""
+    """What a run records about its environments: the name, its options, where it steps, the
+    JAX version that compiles it, and for an adapted library's environment that library and
+    its version (`envs_jax.describe`)."""
+    adapted = {key: value for key, value in envs_jax.describe(name).items()
+               if key in ("library", "library_version")}
     return {
         "kind": "envs_jax",
         "task": f"envs_jax:{name}",
         "envs_jax_name": name,
         "envs_jax_kwargs": dict(kwargs),
+        **adapted,
         "device": str(host_device()),
         "jax_version": jax.__version__,
     }

@@ -314,7 +314,7 @@ def _run_info(plan: SebulbaPlan, mesh: jax.sharding.Mesh, start: _Start) -> dict
         "actor_threads": plan.num_actor_threads,
         "learner_batch": [plan.rollout_length, plan.steps_per_update // plan.rollout_length],
         "num_updates": plan.num_updates,
-        "machine": dataclasses.asdict(plan.machine),
+        "machine": {**dataclasses.asdict(plan.machine), "cpu": machine.cpu_model()},
         "derived_sizes": list(plan.sizes.derived),
         "jax_version": jax.__version__,
         "config": plan.config,

@@ -58,6 +58,32 @@ def test_resolved_config_is_saved_as_json_and_yaml(run):
     assert saved["num_envs"] == 16 and saved["rollout_length"] == 10
 
 
+def test_run_info_records_the_environment_devices_machine_and_versions(run):
+    config, workdir, result, _ = run
+    info = json.loads(pathlib.Path(workdir, "run_info.json").read_text())
+    assert info["architecture"] == "anakin"
+    assert info["environment"] == {"name": "catch", "kind": "native", "kwargs": {}}
+    assert info["agent"] == "vtrace" and info["platform"] == "cpu"
+    assert info["devices"] == [str(d) for d in jax.devices()[:2]]  # config.num_devices = 2
+    assert (info["num_envs"], info["rollout_length"], info["updates_per_chunk"],
+            info["num_chunks"], info["num_runs"]) == (16, 10, 5, 4, 1)
+    assert info["derived_sizes"] == []  # num_envs was set
+    assert info["jax_version"] == jax.__version__ and info["machine"]["cpu"]
+    assert info["config"] == json.loads(pathlib.Path(workdir, "config.json").read_text())
+    assert info["resumed_from_updates"] is None
+    assert result.run_info["environment"] == info["environment"]
+
+
+def test_an_adapted_environment_is_described_with_its_librarys_version(monkeypatch):
+    # bsuite stands in for an adapted library: the test extra pins it at 0.3.6 (pyproject).
+    monkeypatch.setitem(envs_jax.registry._NAMESPACES, "stand_in", envs_jax.registry._Namespace(
+        library="bsuite", adapter="unused", extra="test"))
+    assert envs_jax.describe("stand_in:anything") == {
+        "name": "stand_in:anything", "kind": "stand_in", "library": "bsuite",
+        "library_version": "0.3.6"}
+    assert envs_jax.describe("CartPole-v1") == {"name": "CartPole-v1", "kind": "native"}
+
+
 def test_the_banner_counts_the_parameters_acted_with(run):
     """The widths resolved from the observations show in the banner: Catch's 10 x 5 board
     read flattened by 2 x 64 (V-trace's default for it), then a policy head of 3 and a value

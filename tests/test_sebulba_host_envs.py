@@ -482,6 +482,15 @@ def test_vtrace_learns_envs_jax_catch():
     assert result.run_info["parameters"] == 7_684
 
 
+def test_an_adapted_envs_jax_environment_records_its_librarys_version(monkeypatch):
+    # bsuite stands in for an adapted library: the test extra pins it at 0.3.6 (pyproject).
+    monkeypatch.setitem(envs_jax.registry._NAMESPACES, "stand_in", envs_jax.registry._Namespace(
+        library="bsuite", adapter="unused", extra="test"))
+    record = envs_jax_env.run_description("stand_in:anything", {})
+    assert (record["library"], record["library_version"]) == ("bsuite", "0.3.6")
+    assert "library" not in envs_jax_env.run_description("catch", {})
+
+
 def test_gymnasium_workers_evaluate_checkpoint_and_resume(tmp_path):
     """Cue in 2 worker processes (the evaluation batch of 3 split 2 + 1): greedy evaluation
     every 2 updates, a checkpoint at the end of 4 updates, and a second run on the same workdir
