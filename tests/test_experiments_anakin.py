@@ -17,19 +17,17 @@ def _run(*args, env_extra=None):
                           capture_output=True, text=True, timeout=300, check=False)
 
 
+def _run_catch(workdir, devices, *args):
+    """V-trace on Catch in chunks of 32 envs x T=20 x 50 updates = 32,000 env steps."""
+    return _run("--config=experiments/configs/vtrace_catch.py", "--config.num_envs=32",
+                "--config.rollout_length=20", *args, f"--workdir={workdir}",
+                env_extra={"XLA_FLAGS": xla_flags(devices)})
+
+
 def test_command_line_run_writes_metrics_and_prints_progress(tmp_path):
-    proc = _run(
-        "--config=experiments/configs/vtrace_catch.py",
-        "--config.seed=3",
-        "--config.num_envs=32",
-        "--config.rollout_length=20",
-        "--config.total_env_steps=64000",
-        f"--workdir={tmp_path}",
-        env_extra={"XLA_FLAGS": xla_flags(2)},
-    )
+    proc = _run_catch(tmp_path, 2, "--config.seed=3", "--config.total_env_steps=64000")
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    # 32 envs x T=20 x 50 updates = 32,000 env steps per chunk.
     assert [r["env_steps"] for r in records] == [32_000, 64_000]
     for key in ("env_steps", "updates", "episode_return", "steps_per_second", "wall_time"):
         assert key in records[-1]
@@ -58,15 +56,8 @@ def test_a_mistyped_override_is_refused_in_one_line_naming_the_field_it_meant(tm
 
 
 def test_an_agent_field_is_swept_from_the_command_line(tmp_path):
-    proc = _run(
-        "--config=experiments/configs/vtrace_catch.py",
-        "--config.num_envs=32",
-        "--config.rollout_length=20",
-        "--config.total_env_steps=32000",
-        "--config.sweep.agent.learning_rate=(1e-3, 3e-4)",
-        f"--workdir={tmp_path}",
-        env_extra={"XLA_FLAGS": xla_flags(1)},
-    )
+    proc = _run_catch(tmp_path, 1, "--config.total_env_steps=32000",
+                      "--config.sweep.agent.learning_rate=(1e-3, 3e-4)")
     assert proc.returncode == 0, proc.stderr[-3000:]
     recorded = json.loads((tmp_path / "config.json").read_text())
     assert recorded["sweep"]["agent"]["learning_rate"] == [1e-3, 3e-4]
