@@ -4,9 +4,9 @@ flag parser of a command with an `ml_collections` `--config`.
 
     0    done
     1    failed (a thread or device error; a NaN or inf loss or parameter, named by update)
-    2    refused before it started: a bad flag or config field, an unusable --workdir, a workdir
-         holding a checkpoint of a different run, or one locked by a run that is still alive
-         (nothing in the workdir was changed)
+    2    refused before it started: a bad flag or config field, PODRACER_* variables that
+         cannot be meant, an unusable --workdir, a workdir holding a checkpoint of a different
+         run, or one locked by a run that is still alive (nothing in the workdir was changed)
     143  stopped by SIGTERM after saving a checkpoint (128 + SIGTERM): rerun to resume
 """
 
@@ -47,7 +47,10 @@ def run(train: Callable[..., Any], config: Any, workdir: str | None) -> None:
         # absl logs INFO to stderr by default, and orbax logs every step of every save there:
         # keep the console to progress and warnings unless --verbosity asks for more.
         logging.set_verbosity(logging.WARNING)
-    multiprocess = distributed.initialize_from_env()
+    try:
+        multiprocess = distributed.initialize_from_env()
+    except distributed.LaunchError as error:
+        _refuse(str(error))
     try:
         result = train(config, workdir)
     except (ConfigError, WorkdirError) as error:

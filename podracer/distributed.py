@@ -52,31 +52,88 @@ LOST_PEER_STATUS = 75  # a process of the run stopped answering: rerun the whole
 _WATCH_EVERY_S = 1.0
 
 
+class LaunchError(ValueError):
+    """The PODRACER_* variables ask for a multi-process run that cannot be the one meant (a
+    variable missing or malformed): the message names the variable and the fix."""
+
+
+def _whole_number(name: str, *, least: int) -> int:
+    text = os.environ[name]
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        raise LaunchError(f"{name}={text!r}: must be a whole number >= {least}. Fix: set it, "
+                          "or unset the PODRACER_* variables for a single-process run")
+    return value
+
+
+def check_environment() -> dict[str, Any] | None:
+    """The multi-process settings the PODRACER_* variables ask for: None for a single-process
+    run (none set), {} for `PODRACER_DISTRIBUTED=auto`, else the coordinator, process count and
+    this process's index. Raises `LaunchError` for a set that cannot be meant: one of the three
+    without the others (each process would run a run of its own), a value that is not a
+    number or is out of range, a coordinator without a port, `PODRACER_DISTRIBUTED` other
+    than "auto", or both ways at once."""
+    given = [name for name in (COORDINATOR, NUM_PROCESSES, PROCESS_ID) if os.environ.get(name)]
+    auto = os.environ.get(AUTO, "")
+    if auto not in ("", "auto"):
+        raise LaunchError(f"{AUTO}={auto!r}: the only value is 'auto' (JAX detects the "
+                          f"cluster). Fix: set it to auto, or unset it and set {COORDINATOR}, "
+                          f"{NUM_PROCESSES} and {PROCESS_ID}")
+    if os.environ.get(HEARTBEAT_TIMEOUT):
+        _whole_number(HEARTBEAT_TIMEOUT, least=1)
+    if auto and given:
+        raise LaunchError(f"{AUTO}=auto and {', '.join(given)} are both set. Fix: use one way: "
+                          "auto, or the three variables")
+    if auto:
+        return {}
+    if not given:
+        return None
+    missing = [name for name in (COORDINATOR, NUM_PROCESSES, PROCESS_ID) if name not in given]
+    if missing:
+        raise LaunchError(f"{', '.join(given)} set but not {', '.join(missing)}: every "
+                          "process would run a run of its own. Fix: set all three (or "
+                          f"{AUTO}=auto), or none for a single-process run")
+    address = os.environ[COORDINATOR]
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise LaunchError(f"{COORDINATOR}={address!r}: must be host:port, e.g. host0:1234. "
+                          "Fix: give process 0's host and a free port")
+    num_processes = _whole_number(NUM_PROCESSES, least=1)
+    process_id = _whole_number(PROCESS_ID, least=0)
+    if process_id >= num_processes:
+        raise LaunchError(f"{PROCESS_ID}={process_id} with {NUM_PROCESSES}={num_processes}: "
+                          f"processes are numbered 0 to {num_processes - 1}. Fix: give each "
+                          "process its own index in that range")
+    return {"coordinator_address": address, "num_processes": num_processes,
+            "process_id": process_id}
+
+
 def launched_as_multiprocess() -> bool:
-    """Whether the environment asks this process to join a multi-process run."""
-    return bool(os.environ.get(COORDINATOR)) or os.environ.get(AUTO, "") == "auto"
+    """Whether the environment asks this process to join a multi-process run (`LaunchError`
+    if it asks in a way that cannot be meant: `check_environment`)."""
+    return check_environment() is not None
 
 
 def initialize_from_env() -> bool:
     """Calls `jax.distributed.initialize` if launched as part of a multi-process run.
 
-    Returns True when this process is (now) part of one. Safe to call more than once.
+    Returns True when this process is (now) part of one. Safe to call more than once. Raises
+    `LaunchError`, before touching JAX, when the PODRACER_* variables are set wrongly.
     """
-    if not launched_as_multiprocess():
+    settings = check_environment()
+    if settings is None:
         return False
     if jax.distributed.is_initialized():
         return True
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    heartbeat_s = int(os.environ.get(HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT_S))
+    heartbeat_s = int(os.environ.get(HEARTBEAT_TIMEOUT) or DEFAULT_HEARTBEAT_TIMEOUT_S)
     timeouts = {"heartbeat_timeout_seconds": heartbeat_s,
                 "shutdown_timeout_seconds": max(heartbeat_s, 10)}
-    if os.environ.get(COORDINATOR):
-        jax.distributed.initialize(
-            coordinator_address=os.environ[COORDINATOR],
-            num_processes=int(os.environ[NUM_PROCESSES]),
-            process_id=int(os.environ[PROCESS_ID]),
-            **timeouts,
-        )
+    if settings:
+        jax.distributed.initialize(**settings, **timeouts)
     else:
         jax.distributed.initialize(**timeouts)
     if jax.process_count() > 1:
