@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from podracer.agent import Agent
+from podracer import config as cfg
 from podracer.config import ConfigError
 from podracer.types import DiscreteSpec, EnvSpec
 
@@ -123,6 +124,14 @@ def default_config(name: str) -> ml_collections.ConfigDict:
     if name not in _REGISTRY:
         raise KeyError(f"Unknown agent {name!r}. Registered agents: {registered()}.")
     return _REGISTRY[name].default_config()
+
+
+def require_known_fields(config: ml_collections.ConfigDict) -> None:
+    """Every field of an agent's `config` is one its registered default config has (a
+    `ConfigError` naming a misspelt field and the closest it has, otherwise)."""
+    name = config.name
+    cfg.require_known_fields(config, default_config(name), whose=f"the {name!r} agent's config",
+                             lists=f"agents.default_config({name!r})", group="agent")
 
 
 def registered() -> list[str]:

@@ -172,6 +172,7 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int,
     """Checks `config` (a bad field raises `ConfigError`, naming it and the fix) and returns
     the device count, environment and agent it describes; a `num_envs` of 0 is derived on
     `machine` (this process's by default)."""
+    cfg.require_config_dict(config, "anakin")
     env_name = cfg.get(config, "env.name")
     extra = envs_jax.missing_extra(env_name) if isinstance(env_name, str) else None
     if extra is not None:
@@ -182,6 +183,9 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int,
         # Listing the adapters imports their libraries (seconds): only for non-native names.
         cfg.require_choice(config, "env.name", envs_jax.registered())
     cfg.require_agent(config, agents.registered())
+    cfg.require_known_fields(config, default_config(), whose="Anakin's config",
+                             lists="anakin.default_config()", skip=("agent",))
+    agents.require_known_fields(config.agent)
     cfg.require_positive(config, "rollout_length", "updates_per_chunk",
                          "total_env_steps", "agent.learning_rate")
     cfg.require_rollout_length_tied(config)

@@ -6,6 +6,7 @@ helpers; every error names the offending field and says how to fix it.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -154,6 +155,41 @@ def require_agent(config: ml_collections.ConfigDict, choices: Iterable[str]) -> 
                           "vtrace.default_config() after `from agents import vtrace` "
                           f"(registered agents: {', '.join(map(str, choices))})")
     require_choice(config, "agent.name", choices)
+
+
+def require_config_dict(config: Any, runner: str) -> None:
+    """`config` is an `ml_collections.ConfigDict`, as `<runner>.default_config()` returns."""
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise TypeError(f"{runner}.train takes an ml_collections.ConfigDict (start from "
+                        f"{runner}.default_config()), got {type(config).__name__}; a dict "
+                        "converts with ml_collections.ConfigDict(d)")
+
+
+def require_known_fields(config: ml_collections.ConfigDict,
+                         reference: ml_collections.ConfigDict, *, whose: str, lists: str,
+                         group: str = "", skip: Iterable[str] = ()) -> None:
+    """Every field of `config` is one `reference` (a default config) has: a field misspelt in
+    Python (`config.agent.learning_rat = 3e-4`) would otherwise be read by nothing, and the
+    run would go on with the default, saying nothing. A group that `reference` holds empty
+    (`env.kwargs`, `sweep.agent`) takes any fields: they are checked where they are used.
+    `whose` names the config in the message, `lists` where its fields are listed; `skip`
+    leaves top-level fields to other checks."""
+    # References stay unresolved: a formula over a field the runner sets later (learner_steps)
+    # cannot be evaluated yet.
+    for key, value in config.items(preserve_field_references=True):
+        if key in skip:
+            continue
+        name = f"{group}.{key}" if group else key
+        if key not in reference:
+            close = difflib.get_close_matches(key, list(reference.keys()), n=3, cutoff=0.6)
+            where = f"{group}." if group else ""
+            hint = f" (did you mean {' or '.join(where + c for c in close)}?)" if close else ""
+            raise ConfigError(name, f"is not a field of {whose}, so nothing would read it{hint}",
+                              f"set one of the fields {lists} lists, or remove it")
+        known = reference[key]
+        if isinstance(known, ml_collections.ConfigDict) and len(known) and isinstance(
+                value, ml_collections.ConfigDict):
+            require_known_fields(value, known, whose=whose, lists=lists, group=name)
 
 
 def require_rollout_length_tied(config: ml_collections.ConfigDict) -> None:

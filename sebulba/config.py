@@ -249,6 +249,7 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
     """Checks `config` and returns the topology the run will use, its sizes left to the machine
     derived on `machine` (this process's by default; `num_local_devices` replaces its device
     count)."""
+    cfg.require_config_dict(config, "sebulba")
     if machine is None:
         machine = detect()
     if num_local_devices is not None:
@@ -257,6 +258,9 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
     num_processes = jax.process_count() if num_processes is None else num_processes
 
     cfg.require_agent(config, agents.registered())
+    cfg.require_known_fields(config, default_config(), whose="Sebulba's config",
+                             lists="sebulba.default_config()", skip=("agent",))
+    agents.require_known_fields(config.agent)
     config, sizes = resolved(config, machine)
     cfg.require_positive(config, "rollout_length", "total_env_steps", "queue_size",
                          "log_every_updates", "timeout_s", "agent.learning_rate")

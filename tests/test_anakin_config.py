@@ -36,6 +36,12 @@ def _set(config, key, value):
         ({"sweep.agent.learning_rate": (1e-3, 0.0)}, "sweep.agent.learning_rate", "> 0"),
         ({"sweep.seeds": (0, 1, 2), "sweep.agent.learning_rate": (1e-3, 3e-4)}, "sweep.seeds",
          "differ in length"),
+        # Set in Python, a misspelt field would be read by nothing.
+        ({"agent.learning_rat": 3e-4}, "agent.learning_rat",
+         "is not a field of the 'vtrace' agent's config, so nothing would read it (did you "
+         "mean agent.learning_rate?)"),
+        ({"total_steps": 10}, "total_steps", "(did you mean total_env_steps"),
+        ({"env.nmae": "catch"}, "env.nmae", "(did you mean env.name?)"),
     ],
 )
 def test_bad_fields_fail_before_compiling_naming_the_field(overrides, field, says,
@@ -168,3 +174,9 @@ def test_an_agent_rollout_length_not_tied_to_the_runners_is_refused_before_compi
         "config.agent.rollout_length: is 16 but the runner's rollout_length is 8: the agent "
         "sizes what holds its trajectories (a replay's period) by its own field, and receives "
         "the runner's. Fix: set config.agent.rollout_length = config.get_ref('rollout_length')")
+
+
+def test_a_plain_dict_is_refused_saying_what_to_pass():
+    with pytest.raises(TypeError, match=r"anakin.train takes an ml_collections.ConfigDict .*"
+                                        r"got dict"):
+        anakin.train(vtrace_catch.get_config().to_dict())

@@ -58,6 +58,11 @@ def test_shipped_configs_are_valid():
     ({"eval_episodes": 0}, "eval_episodes", [">= 1"]),
     ({"eval_max_steps": True}, "eval_max_steps", ["whole number"]),
     ({"cpu_worker_threads": -2}, "cpu_worker_threads", ["whole number", "-2"]),
+    # Set in Python, a misspelt field would be read by nothing.
+    ({"actor_threads": 2}, "actor_threads",
+     ["is not a field of Sebulba's config", "did you mean ", "actor_threads_per_device"]),
+    ({"agent.entropy_cos": 0.01}, "agent.entropy_cos",
+     ["is not a field of the 'vtrace' agent's config", "did you mean agent.entropy_cost?"]),
 ])
 def test_bad_fields_are_named_with_a_fix(overrides, field, words):
     with pytest.raises(ConfigError) as info:
