@@ -190,8 +190,8 @@ def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS
     return rest
 
 
-def _set_sweep(config: ml_collections.ConfigDict, sweep: dict[str, str]) -> None:
-    group = config.get("sweep")
+def _set_sweep(config: ml_collections.ConfigDict | None, sweep: dict[str, str]) -> None:
+    group = config.get("sweep") if isinstance(config, ml_collections.ConfigDict) else None
     if not isinstance(group, ml_collections.ConfigDict) or not isinstance(
             group.get("agent"), ml_collections.ConfigDict):
         _refuse(f"--config.sweep.agent.{next(iter(sweep))}: this config has no sweep.agent. "
