@@ -173,6 +173,7 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int,
     the device count, environment and agent it describes; a `num_envs` of 0 is derived on
     `machine` (this process's by default)."""
     cfg.require_config_dict(config, "anakin")
+    cfg.require_runner(config, "anakin", "sebulba", ("env.task", "actor_device_ids"))
     env_name = cfg.get(config, "env.name")
     extra = envs_jax.missing_extra(env_name) if isinstance(env_name, str) else None
     if extra is not None:

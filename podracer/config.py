@@ -165,6 +165,21 @@ def require_config_dict(config: Any, runner: str) -> None:
                         "converts with ml_collections.ConfigDict(d)")
 
 
+def require_runner(config: ml_collections.ConfigDict, runner: str, other: str,
+                   other_fields: Iterable[str]) -> None:
+    """`config` was not written for the `other` runner: one of `other_fields` (fields only
+    that runner's default config has) names it as such, before a field of `runner`'s is found
+    missing."""
+    for field in other_fields:
+        node: Any = config
+        for part in field.split("."):
+            node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+        if node is not None:
+            raise ConfigError(field, f"is a field of {other.capitalize()}'s config, not "
+                              f"{runner.capitalize()}'s: the config is written for {other}",
+                              f"run it with python -m experiments.{other} ({other}.train)")
+
+
 def require_known_fields(config: ml_collections.ConfigDict,
                          reference: ml_collections.ConfigDict, *, whose: str, lists: str,
                          group: str = "", skip: Iterable[str] = ()) -> None:

@@ -195,6 +195,13 @@ def with_sizes(config: ml_collections.ConfigDict, sizes: Sizes,
     return cfg.with_run_figures(config, figures)
 
 
+def require_sebulba_config(config: Any) -> None:
+    """`config` is a `ConfigDict` written for Sebulba (not for Anakin): what to run otherwise,
+    before a Sebulba field is found missing."""
+    cfg.require_config_dict(config, "sebulba")
+    cfg.require_runner(config, "sebulba", "anakin", ("env.name", "updates_per_chunk"))
+
+
 def resolved(config: ml_collections.ConfigDict, machine: Machine | None = None
              ) -> tuple[ml_collections.ConfigDict, Sizes]:
     """`config` with its sizes resolved on `machine` (this process's by default), and the
@@ -249,7 +256,7 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
     """Checks `config` and returns the topology the run will use, its sizes left to the machine
     derived on `machine` (this process's by default; `num_local_devices` replaces its device
     count)."""
-    cfg.require_config_dict(config, "sebulba")
+    require_sebulba_config(config)
     if machine is None:
         machine = detect()
     if num_local_devices is not None:

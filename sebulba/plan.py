@@ -18,7 +18,15 @@ from podracer.agent import Agent
 from podracer.config import run_option
 from podracer.machine import Machine, detect
 from podracer.workdir import recorded_config
-from sebulba.config import Environment, Sizes, Topology, resolved, validate, with_sizes
+from sebulba.config import (
+    Environment,
+    Sizes,
+    Topology,
+    require_sebulba_config,
+    resolved,
+    validate,
+    with_sizes,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +109,7 @@ def make_plan(config: ml_collections.ConfigDict) -> SebulbaPlan:
     run on this process's devices and those of the other processes of the run. The sizes the
     config leaves to the machine are derived here, once (`sebulba.config.derive_sizes`), and
     recorded in the plan's config as derived."""
+    require_sebulba_config(config)
     machine = detect()
     given = config
     config, sizes = resolved(given, machine)

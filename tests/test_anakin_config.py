@@ -180,3 +180,11 @@ def test_a_plain_dict_is_refused_saying_what_to_pass():
     with pytest.raises(TypeError, match=r"anakin.train takes an ml_collections.ConfigDict .*"
                                         r"got dict"):
         anakin.train(vtrace_catch.get_config().to_dict())
+
+
+def test_a_sebulba_config_is_named_as_one_with_the_command_that_runs_it():
+    from experiments.configs import sebulba_vtrace_cartpole
+
+    with pytest.raises(ConfigError, match=r"config.env.task: is a field of Sebulba's config, "
+                                          r"not Anakin's.*python -m experiments.sebulba"):
+        anakin.validate(sebulba_vtrace_cartpole.get_config(), 1)

@@ -8,6 +8,7 @@ from experiments.configs import sebulba_vtrace_atari, sebulba_vtrace_cartpole
 from podracer.config import ConfigError
 from podracer.machine import Machine
 from sebulba import config as sebulba_config
+from sebulba import plan as sebulba_plan
 from sebulba import validate
 
 
@@ -208,3 +209,13 @@ def test_an_agent_rollout_length_not_tied_to_the_runners_is_refused():
         "Fix: set config.agent.rollout_length = config.get_ref('rollout_length')")
     config.agent.rollout_length = config.get_ref("rollout_length")
     validate(config, num_local_devices=1, num_processes=1)
+
+
+def test_an_anakin_config_is_named_as_one_with_the_command_that_runs_it():
+    from experiments.configs import vtrace_catch
+
+    for check in (lambda c: validate(c, num_local_devices=1, num_processes=1),
+                  sebulba_plan.make_plan):
+        with pytest.raises(ConfigError, match=r"config.env.name: is a field of Anakin's config, "
+                                              r"not Sebulba's.*python -m experiments.anakin"):
+            check(vtrace_catch.get_config())
