@@ -89,11 +89,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     a later call with the same workdir resumes (see `podracer.workdir`: a workdir holding a
     checkpoint of a different run is refused before anything compiles, and left untouched).
     The workdir is locked while the run lives (`podracer.session`): a second run on it is
-    refused before compiling, naming this one. SIGTERM stops the run after the chunk in flight
-    when it is seen (at most two chunks), with a checkpoint saved, and returns a result with
-    `interrupted=True`. A NaN or inf loss or parameter raises `podracer.faults.NonFiniteError`
-    naming the update, before it could be checkpointed. `log_fn` gets every record (a sweep's
-    carry their `run` index).
+    refused before compiling, naming this one. SIGTERM or Ctrl-C stops the run after the chunk
+    in flight when it is seen (at most two chunks), with a checkpoint saved, and returns a
+    result with `interrupted=True`. A NaN or inf loss or parameter raises
+    `podracer.faults.NonFiniteError` naming the update, before it could be checkpointed.
+    `log_fn` gets every record (a sweep's carry their `run` index).
     """
     distributed.initialize_from_env()
     machine.set_cpu_worker_threads(cfg.cpu_worker_threads(config))
@@ -289,6 +289,7 @@ def _finish_run(plan: RunPlan, session: RunSession, records: workdir_lib.Records
     return TrainResult(state=state, final_metrics=final, history=history,
                        compile_seconds=compile_seconds, run_seconds=run_seconds,
                        run_histories=histories, interrupted=outcome.interrupted,
+                       signal_received=outcome.signal_received if outcome.interrupted else None,
                        resumed_from_updates=start.resumed_from,
                        checkpoint_seconds=checkpoint_seconds, eval_seconds=outcome.eval_seconds,
                        run_info=run_info)

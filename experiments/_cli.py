@@ -8,6 +8,8 @@ flag parser of a command with an `ml_collections` `--config`.
          cannot be meant, an unusable --workdir, a workdir holding a checkpoint of a different
          run, or one locked by a run that is still alive (nothing in the workdir was changed)
     143  stopped by SIGTERM after saving a checkpoint (128 + SIGTERM): rerun to resume
+    130  stopped by Ctrl-C (SIGINT) after saving a checkpoint: rerun to resume (a second
+         Ctrl-C stops at once, without one)
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def run(train: Callable[..., Any], config: Any, workdir: str | None) -> None:
         distributed.wait_for_watchdog()
         _leave(1, multiprocess)
     if result.interrupted:
-        _leave(128 + signal.SIGTERM, multiprocess)
+        _leave(128 + (result.signal_received or signal.SIGTERM), multiprocess)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@
 
 With a --workdir, running the same command again resumes from the newest checkpoint there.
 SIGTERM (pre-emption) saves a checkpoint and exits with status 143 (128 + SIGTERM), so that a
-supervisor sees the run as unfinished and starts it again.
+supervisor sees the run as unfinished and starts it again; Ctrl-C does the same with status 130
+(a second Ctrl-C stops at once).
 """
 
 

@@ -42,6 +42,7 @@ import os
 import queue
 import shutil
 import signal
+import sys
 import threading
 import time
 import zlib
@@ -366,25 +367,36 @@ class Checkpointer:
 
 
 class Preemption:
-    """While entered, SIGTERM sets a flag instead of killing the process.
+    """While entered, SIGTERM and Ctrl-C (SIGINT) set a flag instead of ending the process.
 
-    The host loop polls `requested()` between compiled calls; the call in flight finishes
-    first, so a chunk must take less than the platform's grace period. Signals can only be
+    The host loop polls `requested()` between compiled calls and stops there, with a
+    checkpoint when the run has a workdir; the call in flight finishes first, so a chunk must
+    take less than the platform's grace period. A second Ctrl-C stops at once
+    (`KeyboardInterrupt`), as Ctrl-C does elsewhere. A signal the process ignores (SIGINT in a
+    job a non-interactive shell started in the background) stays ignored. Signals can only be
     caught in the main thread; entered elsewhere, this does nothing (and never requests).
     """
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
         self._signals = signals
         self._previous: dict[int, Any] = {}
         self.received: int | None = None
 
     def _handle(self, signum: int, frame: Any) -> None:
         del frame
-        self.received = signum
+        if signum == signal.SIGINT and self.received is not None:
+            raise KeyboardInterrupt  # the second request: stop now
+        if signum == signal.SIGINT:
+            print("Ctrl-C: stopping after the step in flight (again to stop at once).",
+                  file=sys.stderr, flush=True)
+        if self.received is None:
+            self.received = signum
 
     def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             for signum in self._signals:
+                if signal.getsignal(signum) is signal.SIG_IGN:
+                    continue
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 

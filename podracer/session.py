@@ -76,7 +76,10 @@ class TrainResult:
     history: list[dict[str, Any]]  # every log record (a resumed run: earlier ones included)
     compile_seconds: float
     run_seconds: float
-    interrupted: bool = False  # stopped by SIGTERM after saving a checkpoint (with a workdir)
+    # Stopped by SIGTERM or Ctrl-C (`signal_received`) after saving a checkpoint (with a
+    # workdir).
+    interrupted: bool = False
+    signal_received: int | None = None
     resumed_from_updates: int | None = None  # the checkpoint this run started from
     checkpoint_seconds: float = 0.0  # time spent writing checkpoints
     eval_seconds: float = 0.0  # time spent evaluating (compilation included)

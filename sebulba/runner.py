@@ -228,7 +228,7 @@ class _Watched:
 
     learner: Future  # of the `LearnerOutcome`: set when the learner thread returns
     run_start: float  # perf_counter when the threads started
-    signal_received: int | None  # SIGTERM, in this process
+    signal_received: int | None  # SIGTERM or SIGINT, in this process
     actor_params: list[tuple[int, Any]]  # (version, params) newest on each actor device
 
 
@@ -458,6 +458,7 @@ def _finish_run(plan: SebulbaPlan, session: RunSession, records: workdir_lib.Rec
         state=LearnerRun(learner.state, learner.keys), final_metrics=final, history=history,
         compile_seconds=compile_seconds, run_seconds=run_seconds,
         interrupted=learner.interrupted, resumed_from_updates=start.resumed_from,
+        signal_received=watched.signal_received if learner.interrupted else None,
         checkpoint_seconds=checkpoint_seconds, eval_seconds=learner.eval_seconds,
         policy_lags=learner.policy_lags,
         actor_params=watched.actor_params,

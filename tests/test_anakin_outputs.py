@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pathlib
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -309,28 +310,51 @@ def test_an_evaluation_is_dispatched_after_the_previous_chunks_record(run):
     assert events == ["eval", 5, "eval", 10, 15, "eval", 20]
 
 
-@pytest.mark.parametrize("with_workdir", [True, False])
-def test_sigterm_stops_after_the_chunk_in_flight_logged_and_checkpointed(run, tmp_path,
-                                                                         with_workdir):
-    import signal
-
+@pytest.mark.parametrize("signum, with_workdir", [
+    (signal.SIGTERM, True), (signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_sigterm_or_ctrl_c_stops_after_the_chunk_in_flight_logged_and_checkpointed(
+        run, tmp_path, signum, with_workdir):
     from conftest import checkpoint_steps
 
+    # Ctrl-C's disposition in a terminal (a worker started in the background may ignore it).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     config, _, _, _ = run
     config = config.copy_and_resolve_references()
     config.total_env_steps = 16 * 10 * 5 * 6  # 6 chunks
-    config.checkpoint_every_updates = 0  # only the one SIGTERM asks for
+    config.checkpoint_every_updates = 0  # only the one the signal asks for
 
     def log(record):
         if record["updates"] == 10:  # seen while chunk 3 (updates 11-15) is in flight
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
 
     workdir = str(tmp_path / "run") if with_workdir else None
-    result = anakin.train(config, workdir, log_fn=log)
-    assert result.interrupted
+    try:
+        result = anakin.train(config, workdir, log_fn=log)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert result.interrupted and result.signal_received == signum
     assert [r["updates"] for r in result.history] == [5, 10, 15]
     if with_workdir:
         assert checkpoint_steps(workdir) == [15]
+
+
+def test_a_second_ctrl_c_stops_at_once_and_an_ignored_one_stays_ignored():
+    from podracer.checkpoint import Preemption
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with Preemption() as preemption:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert preemption.requested() and preemption.received == signal.SIGINT
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with Preemption() as preemption:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert not preemption.requested()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_the_end_of_run_line_reports_the_latest_return_when_the_last_record_has_none():
