@@ -7,7 +7,9 @@
 Everything after `--` is passed to the experiment module (`--module`, default
 `experiments.sebulba`; `--module=experiments.anakin` for Anakin). Each process gets PODRACER_COORDINATOR_ADDRESS, PODRACER_NUM_PROCESSES
 and PODRACER_PROCESS_ID (see `podracer.distributed`). If any process fails, the others are
-stopped and the launcher exits with the failed process's status; Ctrl-C is passed on to all.
+stopped and the launcher exits with the failed process's status. Ctrl-C or SIGTERM stops every process
+after its step in flight, each saving its checkpoint, and the launcher then exits with 130 or
+143; a second Ctrl-C kills them.
 On a TPU slice or GPU cluster, start the same experiment command on every host instead (see
 docs/sebulba.md); a process lost there ends the others through `podracer.distributed`'s
 watchdog, with no launcher needed.
@@ -74,16 +76,47 @@ def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
+class _Terminated(Exception):
+    """SIGTERM reached the launcher."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+def _stop_and_save(procs: list[subprocess.Popen], signum: int) -> int:
+    """Every process stops as one that received `signum` does, after the step in flight with
+    a checkpoint: each is sent SIGTERM (Ctrl-C at a terminal reached them all already, and a
+    second SIGINT would stop them at once, without one), and the launcher waits for them; a
+    second Ctrl-C kills them."""
+    print("launch: stopping every process after its step in flight (Ctrl-C again to kill "
+          "them)", file=sys.stderr, flush=True)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    try:
+        for p in procs:
+            p.wait()
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return 128 + signum
+
+
 def launch(module: str, args: list[str], num_processes: int, *, port: int = 0,
            cpu_devices_per_process: int = 0, grace_s: float = 10.0) -> int:
     """Runs `python -m module args...` in `num_processes` joined processes; returns the exit
-    status (0 if all succeeded, else the first failure's)."""
+    status (0 if all succeeded, else the first failure's). Ctrl-C or SIGTERM stops them all as
+    SIGTERM stops one run (checkpoint saved), and returns 130 or 143."""
     port = port or _free_port()
     procs = [
         subprocess.Popen([sys.executable, "-m", module, *args],
                          env=_child_env(i, num_processes, port, cpu_devices_per_process))
         for i in range(num_processes)
     ]
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         while True:
             codes = [p.poll() for p in procs]
@@ -97,8 +130,11 @@ def launch(module: str, args: list[str], num_processes: int, *, port: int = 0,
                 return 0
             time.sleep(0.1)
     except KeyboardInterrupt:
-        _stop_all(procs, grace_s)
-        return 130
+        return _stop_and_save(procs, signal.SIGINT)
+    except _Terminated:
+        return _stop_and_save(procs, signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str]) -> None:

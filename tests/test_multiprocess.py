@@ -277,6 +277,28 @@ def test_an_uncaught_cpp_exception_with_every_peer_alive_still_aborts():
     assert HEARTBEAT_S <= seconds < HEARTBEAT_S + 30
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_the_launcher_stopped_stops_every_process_after_a_checkpoint(tmp_path, signum):
+    # Ctrl-C or SIGTERM to the launcher alone (a supervisor's): each process gets SIGTERM,
+    # stops at the same update with its shards of one checkpoint saved, and the launcher waits.
+    workdir = str(tmp_path / "run")
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", "import runpy, signal, sys\n"
+         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # as at a terminal
+         "sys.argv[0] = 'experiments.launch'\n"
+         "runpy.run_module('experiments.launch', run_name='__main__')\n",
+         "--num_processes=2", "--cpu_devices_per_process=2", "--module=experiments.anakin",
+         "--", *ANAKIN_LONG[1:], "--config.checkpoint_every_updates=0", f"--workdir={workdir}"],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(launcher, lambda: len(read_records(workdir)) >= 1, "the run's first records")
+    launcher.send_signal(signum)
+    out, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 128 + signum, err[-3000:]
+    assert out.count("Stopped by signal 15 after ") == 1, out[-3000:]  # process 0 prints
+    steps = checkpoint_steps(workdir)
+    assert len(steps) == 1 and steps[0] >= read_records(workdir)[0]["updates"], steps
+
+
 def test_under_the_launcher_a_killed_process_ends_the_run(tmp_path):
     workdir = str(tmp_path / "run")
     launcher = subprocess.Popen(
