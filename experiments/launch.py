@@ -96,7 +96,12 @@ def _stop_and_save(procs: list[subprocess.Popen], signum: int) -> int:
             p.send_signal(signal.SIGTERM)
     try:
         for p in procs:
-            p.wait()
+            while True:
+                try:
+                    p.wait()
+                    break
+                except _Terminated:  # SIGTERM again: they are stopping already
+                    continue
     except KeyboardInterrupt:
         for p in procs:
             if p.poll() is None:
