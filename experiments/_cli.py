@@ -15,7 +15,6 @@ flag parser of a command with an `ml_collections` `--config`.
 from __future__ import annotations
 
 import ast
-import difflib
 import os
 import re
 import signal
@@ -28,7 +27,7 @@ import ml_collections
 from absl import flags, logging
 
 from podracer import distributed
-from podracer.config import ConfigError
+from podracer.config import ConfigError, did_you_mean
 from podracer.faults import NonFiniteError
 from podracer.workdir import WorkdirError
 
@@ -138,9 +137,8 @@ def _unknown_override(config: Any, argv: Sequence[str]) -> str | None:
                 return (f"--config.{path}: {where} is a value ({node!r}), not a group of "
                         f"fields. Fix: set --{where}=... itself")
             if key not in node:
-                close = difflib.get_close_matches(key, list(node.keys()), n=3, cutoff=0.6)
-                hint = (f"did you mean {' or '.join(f'{where}.{c}' for c in close)}?" if close
-                        else f"{where} has {', '.join(sorted(node.keys())) or 'no fields'}")
+                hint = (did_you_mean(key, node.keys(), f"{where}.")
+                        or f"{where} has {', '.join(sorted(node.keys())) or 'no fields'}")
                 return (f"--config.{path}: the config has no field {where}.{key} ({hint}). "
                         "Fix: override a field the config file sets (the runner's "
                         "default_config() lists them all)")

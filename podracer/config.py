@@ -157,6 +157,12 @@ def require_agent(config: ml_collections.ConfigDict, choices: Iterable[str]) -> 
     require_choice(config, "agent.name", choices)
 
 
+def did_you_mean(key: str, names: Iterable[str], prefix: str = "") -> str:
+    """'did you mean <prefix>a or <prefix>b?' for the names closest to `key`; '' for none."""
+    close = difflib.get_close_matches(key, list(names), n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(prefix + name for name in close)}?" if close else ""
+
+
 def require_config_dict(config: Any, runner: str) -> None:
     """`config` is an `ml_collections.ConfigDict`, as `<runner>.default_config()` returns."""
     if not isinstance(config, ml_collections.ConfigDict):
@@ -171,10 +177,11 @@ def require_runner(config: ml_collections.ConfigDict, runner: str, other: str,
     that runner's default config has) names it as such, before a field of `runner`'s is found
     missing."""
     for field in other_fields:
-        node: Any = config
-        for part in field.split("."):
-            node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
-        if node is not None:
+        try:
+            value = get(config, field)
+        except ConfigError:
+            continue
+        if value is not None:
             raise ConfigError(field, f"is a field of {other.capitalize()}'s config, not "
                               f"{runner.capitalize()}'s: the config is written for {other}",
                               f"run it with python -m experiments.{other} ({other}.train)")
@@ -196,9 +203,8 @@ def require_known_fields(config: ml_collections.ConfigDict,
             continue
         name = f"{group}.{key}" if group else key
         if key not in reference:
-            close = difflib.get_close_matches(key, list(reference.keys()), n=3, cutoff=0.6)
-            where = f"{group}." if group else ""
-            hint = f" (did you mean {' or '.join(where + c for c in close)}?)" if close else ""
+            hint = did_you_mean(key, reference.keys(), f"{group}." if group else "")
+            hint = f" ({hint})" if hint else ""
             raise ConfigError(name, f"is not a field of {whose}, so nothing would read it{hint}",
                               f"set one of the fields {lists} lists, or remove it")
         known = reference[key]

@@ -111,12 +111,6 @@ def check_environment() -> dict[str, Any] | None:
             "process_id": process_id}
 
 
-def launched_as_multiprocess() -> bool:
-    """Whether the environment asks this process to join a multi-process run (`LaunchError`
-    if it asks in a way that cannot be meant: `check_environment`)."""
-    return check_environment() is not None
-
-
 def initialize_from_env() -> bool:
     """Calls `jax.distributed.initialize` if launched as part of a multi-process run.
 
