@@ -25,6 +25,7 @@ from typing import Any
 
 import ml_collections
 from absl import flags, logging
+from ml_collections import config_flags
 
 from podracer import distributed
 from podracer.config import ConfigError, did_you_mean
@@ -146,15 +147,42 @@ def _unknown_override(config: Any, argv: Sequence[str]) -> str | None:
     return None
 
 
+def define_config_file(default: str, help_string: str,
+                       flag_values: flags.FlagValues = flags.FLAGS,
+                       argv: Sequence[str] | None = None) -> flags.FlagHolder:
+    """`config_flags.DEFINE_config_file("config", default, ...)` for a command whose `--config`
+    has a default file (the benchmarks'). Without `--config` on the command line,
+    ml_collections loads the default with the `--config.<field>` overrides of `argv` (default
+    `sys.argv`) as the flag is defined, before `parse_flags` runs: a mistyped override, or a
+    value that does not parse, is refused here, in one line with exit status 2, as
+    `parse_flags` refuses them."""
+    # sys_argv=None: ml_collections reads sys.argv when the flag parses, as parse_flags sets it.
+    sys_argv = None if argv is None else list(argv)
+    argv = sys.argv if argv is None else sys_argv
+    try:
+        return config_flags.DEFINE_config_file("config", default, help_string,
+                                               flag_values=flag_values, sys_argv=sys_argv)
+    except flags.Error as error:
+        _refuse(f"{error} (--helpshort lists the flags)")
+    except (KeyError, AttributeError):
+        plain = flags.FlagValues()  # the default file alone, without the overrides
+        config_flags.DEFINE_config_file("config", default, flag_values=plain,
+                                        sys_argv=list(argv[:1]))
+        problem = _unknown_override(plain["config"].value, argv)
+        if problem is None:
+            raise
+        _refuse(problem)
+    raise AssertionError("unreachable: _refuse exits")
+
+
 def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS,
                 config_flag: str = "config") -> list[str]:
     """absl's flag parsing (`app.run(main, flags_parser=_cli.parse_flags)`), refusing bad input
     in one line with exit status 2, as a bad config field is refused, instead of absl's status 1
     or a traceback: an unknown flag, a value that does not parse or is out of its bounds, and,
-    for a command with an `ml_collections` config flag named `config` and no default file (a
-    default is loaded, with the overrides, when the flag is defined, before any parser runs),
-    an override of a field the config does not have (naming the closest it has) and a config
-    file that is not there.
+    for a command with an `ml_collections` config flag named `config`, an override of a field
+    the config does not have (naming the closest it has) and a config file that is not there
+    (a flag with a default file checks the overrides as it is defined: `define_config_file`).
 
     It also takes `--config.sweep.agent.<field>=<values>` (e.g. `'(1e-3, 3e-4)'`, a Python
     literal), which `ml_collections` cannot: it overrides only fields the config already has,

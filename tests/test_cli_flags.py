@@ -129,3 +129,43 @@ def test_the_launcher_refuses_a_module_that_is_not_there():
         env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.startswith("error: --module=experiments.anakinn: no such module")
+
+
+def _define_default(capsys, config_file, *args):
+    """`_cli.define_config_file` with `config_file` as the default, as a benchmark defines its
+    `--config`, then `parse_flags`, for the command line `prog *args`: (the config, or the exit
+    status; stderr)."""
+    values = flags.FlagValues()
+    try:
+        _cli.define_config_file(config_file, "config", flag_values=values,
+                                argv=["prog", *args])
+        _cli.parse_flags(["prog", *args], flag_values=values)
+    except SystemExit as exit_:
+        return exit_.code, capsys.readouterr().err
+    return values["config"].value, capsys.readouterr().err
+
+
+def test_a_default_config_file_takes_overrides_and_refuses_bad_ones_in_one_line(capsys,
+                                                                                config_file):
+    # With a default file and no --config, ml_collections applies the overrides as the flag is
+    # defined, before parse_flags runs: the refusal has to happen there.
+    config, _ = _define_default(capsys, config_file, "--config.seed=3")
+    assert config.seed == 3
+    for override, expected in [
+            ("--config.total_steps=10", "no field config.total_steps (did you mean "
+                                        "config.total_env_steps?)"),
+            ("--config.seed=abc", "--config.seed=abc: invalid literal for int()")]:
+        status, err = _define_default(capsys, config_file, override)
+        assert status == 2
+        assert err.startswith("error: ") and err.count("\n") == 1 and expected in err, err
+
+
+def test_a_benchmark_refuses_a_mistyped_override_of_its_default_config():
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.benchmarks.anakin", "--config.total_steps=10"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.startswith("error: --config.total_steps: the config has no field "
+                                  "config.total_steps (did you mean config.total_env_steps")
+    assert proc.stderr.count("\n") == 1, proc.stderr

@@ -23,10 +23,10 @@ import time
 import jax
 import jax.numpy as jnp
 from absl import app, flags
-from ml_collections import config_flags
 
 import anakin
 import envs_jax
+from experiments import _cli
 from agents.actor_critic import mlp_hidden_sizes
 from experiments.benchmarks._ceiling import env_ceiling_seconds
 from podracer import distributed, replication
@@ -34,8 +34,8 @@ from podracer.types import DEVICE_AXIS
 
 # experiments/configs/, next to this package.
 _CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(_CONFIGS, "vtrace_catch.py"),
+_CONFIG = _cli.define_config_file(
+    os.path.join(_CONFIGS, "vtrace_catch.py"),
     "Experiment config; num_envs is overridden to envs_per_device x devices.")
 _ENVS_PER_DEVICE = flags.DEFINE_integer("envs_per_device", 256, "Environments per device.")
 _ROLLOUT_LENGTH = flags.DEFINE_integer(
@@ -130,4 +130,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

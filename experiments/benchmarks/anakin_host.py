@@ -29,14 +29,14 @@ import tempfile
 import jax
 import numpy as np
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 import anakin
+from experiments import _cli
 
 # experiments/configs/, next to this package.
 _CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(_CONFIGS, "vtrace_catch.py"),
+_CONFIG = _cli.define_config_file(
+    os.path.join(_CONFIGS, "vtrace_catch.py"),
     "Experiment config.")
 _CHUNKS = flags.DEFINE_integer("chunks", 12, "Chunks per timed run (at least 2: the chunk "
                                "throughput is measured between the first and the last).",
@@ -120,4 +120,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

@@ -37,19 +37,19 @@ import jax
 import ml_collections
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
 import agents
 import anakin
 import envs_jax
+from experiments import _cli
 from experiments.benchmarks import _ppo_reference
 from experiments.benchmarks._ceiling import env_ceiling_seconds
 from podracer import machine, replication
 
 # experiments/configs/, next to this package.
 _CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(_CONFIGS, "ppo_cartpole.py"),
+_CONFIG = _cli.define_config_file(
+    os.path.join(_CONFIGS, "ppo_cartpole.py"),
     "Anakin PPO experiment config.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed chunks for the ceiling (best is kept).")
 _CEILING = flags.DEFINE_bool("ceiling", True, "Also measure the environment-only ceiling.")
@@ -224,4 +224,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

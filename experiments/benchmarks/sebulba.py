@@ -35,12 +35,13 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
+
+from experiments import _cli
 
 # experiments/configs/, next to this package.
 _CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(_CONFIGS, "sebulba_vtrace_atari.py"),
+_CONFIG = _cli.define_config_file(
+    os.path.join(_CONFIGS, "sebulba_vtrace_atari.py"),
     "Experiment config (Pong, IMPALA protocol, deep ResNet by default).")
 _SECONDS = flags.DEFINE_float("seconds", 20.0, "Length of each envpool / actor measurement.")
 _LEARNER_UPDATES = flags.DEFINE_integer("learner_updates", 3, "Timed updates, learner alone.")
@@ -360,4 +361,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)
