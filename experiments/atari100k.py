@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from absl import app, flags
 
+from experiments import _cli
 from podracer.metrics import read_records
 
 BUDGET = 100_000  # agent steps per game
@@ -234,4 +235,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     _define_flags()
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

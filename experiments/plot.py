@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from absl import app, flags
 
+from experiments import _cli
 from podracer.metrics import read_records
 
 METRICS = ("episode_return", "eval_return")
@@ -158,4 +159,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

@@ -42,6 +42,7 @@ import envs_jax
 from agents import efficientzero as ez
 from agents import muzero
 from agents.efficientzero import probes
+from experiments import _cli
 from experiments.configs import efficientzero_catch, muzero_catch
 
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of both runs.")
@@ -208,4 +209,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

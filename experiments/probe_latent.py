@@ -35,6 +35,7 @@ import numpy as np
 from absl import app, flags
 
 from agents.muzero.search import value_to_scalar
+from experiments import _cli
 from experiments.probing import newest_frame, player_cell, saved_env, trained_network
 from podracer import checkpoint
 from podracer.types import EnvSpec
@@ -129,4 +130,4 @@ if __name__ == "__main__":
                         "on a MinAtar game.")
     flags.DEFINE_integer("samples", 8192, "Stored observations drawn from each replay.")
     flags.mark_flag_as_required("workdir")
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

@@ -88,6 +88,7 @@ from agents.muzero.search import (
     visited_q_bounds,
 )
 from envs_jax.wrappers import AutoReset
+from experiments import _cli
 from experiments.probing import freeway_row, newest_frame, saved_env, trained_network
 from podracer import checkpoint
 from podracer.types import Array, EnvSpec, StepType
@@ -535,4 +536,4 @@ def main(argv):
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("workdir")
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

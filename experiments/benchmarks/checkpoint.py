@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
+from experiments import _cli
 from podracer.checkpoint import Checkpointer, fingerprint
 
 _MB = flags.DEFINE_integer("mb", 256, "Size of the replay-like array, in MB.")
@@ -133,4 +134,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

@@ -23,6 +23,7 @@ from absl import app, flags
 
 from agents import layers
 from agents.vtrace import networks
+from experiments import _cli
 from experiments.benchmarks._ceiling import best_call_time
 
 _BATCH = flags.DEFINE_integer("batch", 640, "Frames per learner batch.")
@@ -89,4 +90,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

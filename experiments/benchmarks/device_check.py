@@ -62,6 +62,7 @@ from absl import app, flags
 
 # Sets up simulated CPU devices before JAX starts, and holds the Sebulba parts.
 from experiments.benchmarks import sebulba as sebulba_bench  # isort: skip
+from experiments import _cli  # isort: skip
 
 import flax.linen as nn
 import jax
@@ -684,4 +685,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

@@ -22,6 +22,7 @@ import anakin
 import envs_jax
 from agents import efficientzero as ez
 from agents import muzero
+from experiments import _cli
 from experiments.configs import efficientzero_catch
 
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per figure (best is kept).")
@@ -124,4 +125,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

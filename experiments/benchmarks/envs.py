@@ -40,6 +40,7 @@ from absl import app, flags
 
 import envs_jax
 from envs_jax import registry
+from experiments import _cli
 
 _ENVS = flags.DEFINE_list(
     "envs",
@@ -333,4 +334,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

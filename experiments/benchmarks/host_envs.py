@@ -33,6 +33,7 @@ import numpy as np
 from absl import app, flags
 
 import envs_jax
+from experiments import _cli
 from sebulba.envpool_env import EnvpoolEnv
 from sebulba.envs_jax_env import EnvsJaxEnv
 from sebulba.gymnasium_env import GymnasiumEnv
@@ -140,4 +141,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

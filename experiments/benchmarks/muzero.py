@@ -35,6 +35,7 @@ from absl import app, flags
 import agents
 import envs_jax
 from agents import muzero, sampled_muzero
+from experiments import _cli
 from experiments.benchmarks._ceiling import anakin_replay_chunk, best_call_time, muzero_passes
 from experiments.configs import muzero_catch
 from experiments.configs.stochastic_muzero_catch import with_stochastic_agent
@@ -191,4 +192,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

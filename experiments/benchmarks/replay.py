@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from experiments import _cli
 from experiments.benchmarks._ceiling import best_time
 from podracer import position_replay as pr
 from podracer import transition_replay as tr
@@ -178,4 +179,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

@@ -35,6 +35,8 @@ import time
 
 from absl import app, flags
 
+from experiments import _cli
+
 _OUT = flags.DEFINE_string("out", "docs/scaling", "Directory for the PNGs and results.json.")
 _DEVICES = flags.DEFINE_list("devices", ["1", "2", "4", "8"], "Simulated CPU device counts.")
 _PROCESSES = flags.DEFINE_list("processes", ["1", "2"], "Local process counts.")
@@ -286,4 +288,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

@@ -53,6 +53,7 @@ from absl import app, flags
 import agents
 import anakin
 import envs_jax
+from experiments import _cli
 from experiments import plot
 from podracer import machine
 from podracer.types import DiscreteSpec
@@ -297,4 +298,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)

@@ -30,6 +30,7 @@ from absl import app, flags
 
 import anakin
 from anakin.config import CPU_NUM_ENVS
+from experiments import _cli
 from podracer import machine
 
 # The repository root, where a child process runs `python -m` from.
@@ -128,4 +129,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_cli.parse_flags)
