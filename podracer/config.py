@@ -52,7 +52,9 @@ def require_choice(config: ml_collections.ConfigDict, field: str, choices: Itera
     choices = list(choices)
     value = get(config, field)
     if value not in choices:
-        raise ConfigError(field, f"unknown value {value!r}",
+        names = [choice for choice in choices if isinstance(choice, str)]
+        hint = did_you_mean(value, names) if isinstance(value, str) else ""
+        raise ConfigError(field, f"unknown value {value!r}" + (f" ({hint})" if hint else ""),
                           f"use one of: {', '.join(map(str, choices))}")
 
 

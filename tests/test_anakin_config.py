@@ -42,6 +42,9 @@ def _set(config, key, value):
          "mean agent.learning_rate?)"),
         ({"total_steps": 10}, "total_steps", "(did you mean total_env_steps"),
         ({"env.nmae": "catch"}, "env.nmae", "(did you mean env.name?)"),
+        # A mistyped choice among a hundred environments names the close ones first.
+        ({"env.name": "catchh"}, "env.name",
+         "unknown value 'catchh' (did you mean catch?)"),
     ],
 )
 def test_bad_fields_fail_before_compiling_naming_the_field(overrides, field, says,
