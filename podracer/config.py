@@ -48,14 +48,21 @@ def require_non_negative(config: ml_collections.ConfigDict, *fields: str) -> Non
                               f"set --config.{field} to a value >= 0")
 
 
-def require_choice(config: ml_collections.ConfigDict, field: str, choices: Iterable[str]) -> None:
+def require_choice(config: ml_collections.ConfigDict, field: str, choices: Iterable[Any]) -> None:
+    require_one_of(field, get(config, field), choices)
+
+
+def require_one_of(field: str, value: Any, choices: Iterable[Any], also: str = "") -> None:
+    """Raises `ConfigError` for `field` (its dotted name in a run's config, e.g.
+    "agent.torso") when `value` is not one of `choices`, the closest choices named first;
+    `also` is added to the fix (another way to set the field)."""
     choices = list(choices)
-    value = get(config, field)
-    if value not in choices:
-        names = [choice for choice in choices if isinstance(choice, str)]
-        hint = did_you_mean(value, names) if isinstance(value, str) else ""
-        raise ConfigError(field, f"unknown value {value!r}" + (f" ({hint})" if hint else ""),
-                          f"use one of: {', '.join(map(str, choices))}")
+    if value in choices:
+        return
+    names = [choice for choice in choices if isinstance(choice, str)]
+    hint = did_you_mean(value, names) if isinstance(value, str) else ""
+    raise ConfigError(field, f"unknown value {value!r}" + (f" ({hint})" if hint else ""),
+                      f"use one of: {', '.join(map(repr, choices))}{also}")
 
 
 def require_divisible(config: ml_collections.ConfigDict, field: str, divisor: int,

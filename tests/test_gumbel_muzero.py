@@ -153,7 +153,8 @@ def test_sigmas_constants_are_switches():
 def test_an_unknown_search_names_the_field():
     config = muzero.default_config()
     config.search = "gumble"
-    with pytest.raises(ConfigError, match="agent.search"):
+    with pytest.raises(ConfigError, match=r"agent\.search: unknown value 'gumble' \(did you "
+                                          r"mean gumbel\?\)"):
         muzero.validate(config)
 
 

@@ -31,7 +31,7 @@ from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
 from podracer import replay_loop
 from podracer.agent import Agent
-from podracer.config import ConfigError
+from podracer.config import ConfigError, require_one_of
 from podracer.types import Array, EnvSpec, Metrics, PRNGKey, TimeStep, Trajectory
 
 # Scalar hyperparameters held in the learner state as arrays, so that one compiled program
@@ -314,9 +314,7 @@ def check_choices(config: ml_collections.ConfigDict, choices: dict[str, tuple]) 
     """Raises `ConfigError` naming the first field of `choices` ({field: allowed values})
     whose value in `config` is not allowed."""
     for field, allowed in choices.items():
-        if config[field] not in allowed:
-            raise ConfigError(f"agent.{field}", f"is {config[field]!r}",
-                              f"use one of {', '.join(map(repr, allowed))}")
+        require_one_of(f"agent.{field}", config[field], allowed)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

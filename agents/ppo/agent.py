@@ -48,7 +48,7 @@ from agents.hparams import annealed_clipped_adam, replace_hparams
 from agents.popart import PopArtLearnerState, PopArtStats
 from agents.ppo import learning, networks
 from podracer.agent import Agent
-from podracer.config import ConfigError
+from podracer.config import ConfigError, require_one_of
 from podracer.types import Array, EnvSpec
 
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
@@ -126,21 +126,14 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
 
 
 def _check_config(config: ml_collections.ConfigDict) -> None:
-    if config.off_policy not in OFF_POLICY:
-        raise ConfigError("agent.off_policy", f"unknown value {config.off_policy!r}",
-                          f"use one of {list(OFF_POLICY)}")
-    if config.activation is not None and config.activation not in networks.ACTIVATIONS:
-        raise ConfigError("agent.activation", f"unknown value {config.activation!r}",
-                          f"use one of {sorted(networks.ACTIVATIONS)}, or leave it None for "
-                          "the observations' default")
+    require_one_of("agent.off_policy", config.off_policy, OFF_POLICY)
+    if config.activation is not None:
+        require_one_of("agent.activation", config.activation, sorted(networks.ACTIVATIONS),
+                       also=", or leave it None for the observations' default")
     validate_hidden_sizes(config.hidden_sizes)
-    if config.advantage_normalization not in ADVANTAGE_NORMALIZATIONS:
-        raise ConfigError("agent.advantage_normalization",
-                          f"unknown value {config.advantage_normalization!r}",
-                          f"use one of {list(ADVANTAGE_NORMALIZATIONS)}")
-    if config.torso not in networks.TORSOS:
-        raise ConfigError("agent.torso", f"unknown value {config.torso!r}",
-                          f"use one of {list(networks.TORSOS)}")
+    require_one_of("agent.advantage_normalization", config.advantage_normalization,
+                   ADVANTAGE_NORMALIZATIONS)
+    require_one_of("agent.torso", config.torso, networks.TORSOS)
     for field in ("num_epochs", "num_minibatches"):
         if not isinstance(config[field], int) or config[field] < 1:
             raise ConfigError(f"agent.{field}", f"must be a whole number >= 1, got "
