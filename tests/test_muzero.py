@@ -520,8 +520,8 @@ def test_convolutional_networks_on_boards_without_channels_name_the_field(networ
 def test_unknown_network_names_the_field():
     config = muzero.default_config()
     config.network = "transformer"
-    with pytest.raises(ConfigError,
-                       match="agent.network: unknown value 'transformer'.*use one of: .*'conv_mlp'"):
+    with pytest.raises(ConfigError, match="agent.network: unknown value 'transformer'.*use one "
+                                          "of: .*'conv_mlp'"):
         agents.make(config, SPEC)
 
 
