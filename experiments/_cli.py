@@ -194,6 +194,11 @@ def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS
     try:
         rest = flag_values(argv)
     except flags.Error as error:
+        if (config_flag in flag_values and flag_values[config_flag].value is None
+                and _config_file_argument(argv) is None and f"--{config_flag}" in str(error)):
+            _refuse(f"--{config_flag} is required: the experiment's config file. Fix: add "
+                    f"--{config_flag}=experiments/configs/<name>.py (the shipped configs; the "
+                    "README says which runner runs which)")
         _refuse(f"{error} (--helpshort lists the flags)")
     except (KeyError, AttributeError):
         # ml_collections, for an override of a field the config lacks: name it.

@@ -91,6 +91,19 @@ def test_an_unparsable_value_an_unknown_flag_and_a_missing_file_are_refused(caps
     assert repr(missing) in _refused(capsys, f"--config={missing}")
 
 
+def test_a_missing_required_config_says_what_to_give(capsys):
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "config", flag_values=values)
+    flags.mark_flags_as_required(["config"], flag_values=values)
+    with pytest.raises(SystemExit) as exit_:
+        _cli.parse_flags(["prog"], flag_values=values)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --config is required: the experiment's config file. Fix: "
+                          "add --config=experiments/configs/<name>.py"), err
+    assert err.count("\n") == 1, err
+
+
 def test_an_agent_field_sweeps_from_the_command_line(config_file):
     config, _ = _parse(f"--config={config_file}", "--config.sweep.agent.learning_rate=(1e-3, 3e-4)",
                        "--config.sweep.agent.discount", "[0.9, 0.99]")
