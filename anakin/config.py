@@ -125,6 +125,17 @@ def _validate_sweep(config: ml_collections.ConfigDict, sweepable: tuple[str, ...
         listed = ", ".join(f"{k} has {n}" for k, n in lengths.items())
         raise cfg.ConfigError(next(iter(lengths)), f"sweep sequences differ in length ({listed})",
                               "give every swept field one value per run (they are zipped)")
+    first: dict[tuple, int] = {}
+    for i, run in enumerate(sweep_runs(config) or ()):
+        key = (run.seed, tuple(sorted(run.hparams.items())))
+        if key in first:
+            what = ", ".join([f"seed {run.seed}"]
+                             + [f"{name} {value:g}" for name, value in key[1]])
+            raise cfg.ConfigError(
+                next(iter(lengths)), f"runs {first[key]} and {i} are the same run ({what}): "
+                "the sweep would compute it twice",
+                "give each run its own seed or values (e.g. --config.sweep.seeds='(0, 1, 2)')")
+        first[key] = i
 
 
 CPU_NUM_ENVS = 32  # environments in total on a CPU: the default every result here used

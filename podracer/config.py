@@ -65,6 +65,14 @@ def require_one_of(field: str, value: Any, choices: Iterable[Any], also: str = "
                       f"use one of: {', '.join(map(repr, choices))}{also}")
 
 
+def require_discount(value: Any, field: str = "agent.discount") -> None:
+    """A discount is a number in [0, 1] (1: undiscounted): above 1 the returns grow without
+    bound, below 0 they change sign at every step."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
+        raise ConfigError(field, f"must be a number in [0, 1], got {value!r}",
+                          f"set --config.{field} to e.g. 0.99 (1.0: undiscounted)")
+
+
 def require_divisible(config: ml_collections.ConfigDict, field: str, divisor: int,
                       what: str) -> None:
     value = get(config, field)

@@ -42,6 +42,12 @@ def _set(config, key, value):
          "mean agent.learning_rate?)"),
         ({"total_steps": 10}, "total_steps", "(did you mean total_env_steps"),
         ({"env.nmae": "catch"}, "env.nmae", "(did you mean env.name?)"),
+        # Runs a sweep would compute twice: the same seed with the same values.
+        ({"sweep.seeds": (0, 1, 0)}, "sweep.seeds",
+         "runs 0 and 2 are the same run (seed 0): the sweep would compute it twice"),
+        ({"sweep.agent.learning_rate": (1e-3, 1e-3)}, "sweep.agent.learning_rate",
+         "runs 0 and 1 are the same run (seed 0, learning_rate 0.001)"),
+        ({"agent.discount": 1.5}, "agent.discount", "must be a number in [0, 1], got 1.5"),
         # A mistyped choice among a hundred environments names the close ones first.
         ({"env.name": "catchh"}, "env.name",
          "unknown value 'catchh' (did you mean catch?)"),

@@ -46,6 +46,27 @@ def test_builtin_agents_are_registered_through_the_same_call():
         assert agents.default_config(name).name == name
 
 
+BUILTIN = ("vtrace", "ppo", "muzero", "gumbel_muzero", "efficientzero", "stochastic_muzero",
+           "sampled_muzero", "dqn", "pqn")
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_every_builtin_agent_refuses_a_discount_outside_zero_to_one(name):
+    from podracer.config import ConfigError
+
+    assert set(BUILTIN) <= set(agents.registered())
+    spec = envs_jax.make("Pendulum-v1" if name == "sampled_muzero" else "catch").spec()
+    for discount in (1.5, -0.1):
+        config = agents.default_config(name)
+        config.discount = discount
+        with pytest.raises(ConfigError, match=rf"config\.agent\.discount: must be a number in "
+                                              rf"\[0, 1\], got {discount}"):
+            agents.make(config, spec)
+    config = agents.default_config(name)
+    config.discount = 1.0  # undiscounted: allowed
+    agents.make(config, spec)
+
+
 def test_a_name_registered_twice_is_refused_unless_replaced(my_agent):
     with pytest.raises(ValueError, match="already registered. Pass replace=True"):
         agents.register("my_vtrace", _my_make_agent, default_config=_my_config)

@@ -28,7 +28,7 @@ from agents.hparams import replace_hparams
 from podracer import replay_loop
 from podracer import transition_replay as tr
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_one_of
+from podracer.config import ConfigError, require_discount, require_one_of
 from podracer.types import Array, EnvSpec, Metrics, PRNGKey, Trajectory
 
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
@@ -98,6 +98,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first field of a DQN config that cannot work."""
     require_one_of("agent.head", config.head, networks.HEADS)
     require_one_of("agent.torso", config.torso, networks.TORSOS)
+    require_discount(config.discount)
     validate_hidden_sizes(config.hidden_sizes)
     for field, minimum, example in (("n_step", 1, 3), ("batch_size", 1, 128),
                                     ("replay_ratio", 1, 1), ("warmup", 0, 1000),

@@ -31,7 +31,7 @@ from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
 from podracer import replay_loop
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_one_of
+from podracer.config import ConfigError, require_discount, require_one_of
 from podracer.types import Array, EnvSpec, Metrics, PRNGKey, TimeStep, Trajectory
 
 # Scalar hyperparameters held in the learner state as arrays, so that one compiled program
@@ -318,7 +318,9 @@ def check_choices(config: ml_collections.ConfigDict, choices: dict[str, tuple]) 
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-    """Raises `ConfigError` naming the first MuZero choice field with an unknown value."""
+    """Raises `ConfigError` naming the first MuZero field that cannot work: a choice with an
+    unknown value, a discount outside [0, 1], a width below 1."""
+    require_discount(config.discount)
     check_choices(config, {"network": ("auto", *KINDS), "search": SEARCHES,
                            "q_transform": Q_TRANSFORMS,
                            "unvisited_q": UNVISITED_Q, "past_end_targets": PAST_END_TARGETS,

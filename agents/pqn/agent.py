@@ -21,7 +21,7 @@ from agents.hparams import annealed_clipped_adam, replace_hparams
 from agents.pqn import learning
 from agents.pqn.learning import LearnConfig, LearnerState
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_one_of
+from podracer.config import ConfigError, require_discount, require_one_of
 from podracer.types import Array, EnvSpec, PRNGKey
 
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
@@ -73,6 +73,7 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first field of a PQN config that cannot work."""
     require_one_of("agent.torso", config.torso, networks.TORSOS)
+    require_discount(config.discount)
     validate_hidden_sizes(config.hidden_sizes)
     for field, minimum, example in (("num_epochs", 1, 4), ("num_minibatches", 1, 4),
                                     ("epsilon_anneal_steps", 0, 200),
