@@ -65,6 +65,20 @@ def require_one_of(field: str, value: Any, choices: Iterable[Any], also: str = "
                       f"use one of: {', '.join(map(repr, choices))}{also}")
 
 
+def require_whole(field: str, value: Any, minimum: int, example: int) -> None:
+    """`value` (the config's `field`, dotted) is a whole number >= `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(field, f"must be a whole number >= {minimum}, got {value!r}",
+                          f"set e.g. --config.{field}={example}")
+
+
+def require_fraction(field: str, value: Any, example: float) -> None:
+    """`value` (the config's `field`, dotted) is a number in [0, 1], such as a lambda."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
+        raise ConfigError(field, f"must be a number in [0, 1], got {value!r}",
+                          f"set e.g. --config.{field}={example}")
+
+
 def require_discount(value: Any, field: str = "agent.discount") -> None:
     """A discount is a number in [0, 1] (1: undiscounted): above 1 the returns grow without
     bound, below 0 they change sign at every step."""

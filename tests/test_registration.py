@@ -67,6 +67,24 @@ def test_every_builtin_agent_refuses_a_discount_outside_zero_to_one(name):
     agents.make(config, spec)
 
 
+@pytest.mark.parametrize("name, field, value, says", [
+    ("vtrace", "lambda_", 1.5, "must be a number in [0, 1], got 1.5"),
+    ("ppo", "gae_lambda", -0.5, "must be a number in [0, 1], got -0.5"),
+    ("ppo", "clip_eps", -0.2, "must be a number > 0, got -0.2"),
+    ("muzero", "num_simulations", 0, "must be a whole number >= 1, got 0"),
+    ("gumbel_muzero", "num_simulations", 0, "must be a whole number >= 1, got 0"),
+    ("efficientzero", "td_steps", 0, "must be a whole number >= 1, got 0"),
+])
+def test_an_agent_field_out_of_its_range_is_refused_naming_it(name, field, value, says):
+    from podracer.config import ConfigError
+
+    config = agents.default_config(name)
+    config[field] = value
+    with pytest.raises(ConfigError) as info:
+        agents.make(config, envs_jax.make("catch").spec())
+    assert str(info.value).startswith(f"config.agent.{field}: {says}. Fix: "), info.value
+
+
 def test_a_name_registered_twice_is_refused_unless_replaced(my_agent):
     with pytest.raises(ValueError, match="already registered. Pass replace=True"):
         agents.register("my_vtrace", _my_make_agent, default_config=_my_config)

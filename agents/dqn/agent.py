@@ -28,7 +28,7 @@ from agents.hparams import replace_hparams
 from podracer import replay_loop
 from podracer import transition_replay as tr
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_discount, require_one_of
+from podracer.config import ConfigError, require_discount, require_one_of, require_whole
 from podracer.types import Array, EnvSpec, Metrics, PRNGKey, Trajectory
 
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
@@ -88,10 +88,7 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
 def check_whole(config: ml_collections.ConfigDict, field: str, minimum: int,
                 example: int) -> None:
     """Raises `ConfigError` unless `agent.<field>` is a whole number >= `minimum`."""
-    value = config[field]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"agent.{field}", f"must be a whole number >= {minimum}, got "
-                          f"{value!r}", f"set e.g. --config.agent.{field}={example}")
+    require_whole(f"agent.{field}", config[field], minimum, example)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

@@ -31,7 +31,7 @@ from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
 from podracer import replay_loop
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_discount, require_one_of
+from podracer.config import ConfigError, require_discount, require_one_of, require_whole
 from podracer.types import Array, EnvSpec, Metrics, PRNGKey, TimeStep, Trajectory
 
 # Scalar hyperparameters held in the learner state as arrays, so that one compiled program
@@ -319,8 +319,10 @@ def check_choices(config: ml_collections.ConfigDict, choices: dict[str, tuple]) 
 
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first MuZero field that cannot work: a choice with an
-    unknown value, a discount outside [0, 1], a width below 1."""
+    unknown value, a discount outside [0, 1], no simulations or no TD steps, a width below 1."""
     require_discount(config.discount)
+    require_whole("agent.num_simulations", config.num_simulations, 1, 50)
+    require_whole("agent.td_steps", config.td_steps, 1, 5)
     check_choices(config, {"network": ("auto", *KINDS), "search": SEARCHES,
                            "q_transform": Q_TRANSFORMS,
                            "unvisited_q": UNVISITED_Q, "past_end_targets": PAST_END_TARGETS,

@@ -48,7 +48,7 @@ from agents.hparams import annealed_clipped_adam, replace_hparams
 from agents.popart import PopArtLearnerState, PopArtStats
 from agents.ppo import learning, networks
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_discount, require_one_of
+from podracer.config import ConfigError, require_discount, require_fraction, require_one_of
 from podracer.types import Array, EnvSpec
 
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
@@ -128,6 +128,11 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
 def _check_config(config: ml_collections.ConfigDict) -> None:
     require_one_of("agent.off_policy", config.off_policy, OFF_POLICY)
     require_discount(config.discount)
+    require_fraction("agent.gae_lambda", config.gae_lambda, 0.95)
+    clip = config.clip_eps
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0:
+        raise ConfigError("agent.clip_eps", f"must be a number > 0, got {clip!r}",
+                          "set e.g. --config.agent.clip_eps=0.2")
     if config.activation is not None:
         require_one_of("agent.activation", config.activation, sorted(networks.ACTIVATIONS),
                        also=", or leave it None for the observations' default")

@@ -25,7 +25,7 @@ from agents.hparams import replace_hparams
 from agents.vtrace import learning
 from agents.vtrace.networks import logit_scale, make_network, resolve_torso
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_discount, require_one_of
+from podracer.config import ConfigError, require_discount, require_fraction, require_one_of
 from podracer.types import Array, EnvSpec
 
 # Scalar hyperparameters that live in the learner state as arrays, so that one compiled program
@@ -109,6 +109,7 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
     require_one_of("agent.advantage_normalization", config.advantage_normalization,
                    ADVANTAGE_NORMALIZATIONS)
     require_discount(config.discount)
+    require_fraction("agent.lambda_", config.lambda_, 1.0)
     popart.check_config(config)
     validate_hidden_sizes(config.hidden_sizes)
     if config.logit_scale is not None and not config.logit_scale > 0.0:
