@@ -126,9 +126,43 @@ def assert_trees_equal(actual, expected, *, float_rtol: float = 0.0) -> None:
 # experiments a test starts as subprocesses follow the test's (through the environment).
 # PODRACER_TESTS_OPTIMISED=1 compiles every test with the optimisations.
 
+#
+# Without the optimisations, XLA:CPU's fusion emitters (its MLIR code generation, the default)
+# still take much of a small program's compile; its older emitters compile the same HLO about
+# a quarter faster. So an unmarked test's programs also compile with
+# `xla_cpu_use_fusion_emitters=false`: in this process as a per-compile option (XLA_FLAGS is
+# read once, when the backend starts), in its subprocesses through XLA_FLAGS. Marked tests
+# compile exactly as a researcher's run does, with neither change.
+
 OPTIMISED = "optimised"
 _ALL_OPTIMISED = os.environ.get("PODRACER_TESTS_OPTIMISED") == "1"
 _JAX_VARIABLE = "JAX_DISABLE_MOST_OPTIMIZATIONS"
+FAST_COMPILE_OPTION = ("xla_cpu_use_fusion_emitters", False)
+FAST_COMPILE_XLA_FLAG = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _install_fast_compile_option() -> None:
+    """Makes every compile without optimisations in this process use FAST_COMPILE_OPTION.
+
+    JAX has no public per-process setting for an XLA option once the backend has started, so
+    this wraps the function that builds each compile's options (`jax._src.compiler`, as pinned;
+    a JAX whose function no longer takes `env_options_overrides` fails every compile loudly).
+    The option is part of the compile options, so the persistent cache keys on it."""
+    from jax._src import compiler
+
+    build = compiler.get_compile_options
+
+    def get_compile_options(*args, **kwargs):
+        if jax.config.read("jax_disable_most_optimizations"):
+            overrides = dict(kwargs.get("env_options_overrides") or {})
+            overrides.setdefault(*FAST_COMPILE_OPTION)
+            kwargs["env_options_overrides"] = overrides
+        return build(*args, **kwargs)
+
+    compiler.get_compile_options = get_compile_options
+
+
+_install_fast_compile_option()
 
 
 @contextlib.contextmanager
@@ -136,8 +170,11 @@ def _optimisations(node):
     on = _ALL_OPTIMISED or node.get_closest_marker(OPTIMISED) is not None
     previous, previous_variable = (jax.config.read("jax_disable_most_optimizations"),
                                    os.environ.get(_JAX_VARIABLE))
+    previous_flags = os.environ.get("XLA_FLAGS", "")
     jax.config.update("jax_disable_most_optimizations", not on)
     os.environ[_JAX_VARIABLE] = "0" if on else "1"
+    kept = [f for f in previous_flags.split() if f != FAST_COMPILE_XLA_FLAG]
+    os.environ["XLA_FLAGS"] = " ".join(kept if on else [*kept, FAST_COMPILE_XLA_FLAG])
     try:
         yield
     finally:
@@ -146,6 +183,7 @@ def _optimisations(node):
             os.environ.pop(_JAX_VARIABLE, None)
         else:
             os.environ[_JAX_VARIABLE] = previous_variable
+        os.environ["XLA_FLAGS"] = previous_flags
 
 
 @pytest.fixture(scope="module", autouse=True)
