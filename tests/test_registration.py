@@ -67,6 +67,26 @@ def test_every_builtin_agent_refuses_a_discount_outside_zero_to_one(name):
     agents.make(config, spec)
 
 
+@pytest.mark.parametrize("name", BUILTIN)
+def test_every_builtin_agent_refuses_an_unknown_value_of_every_choice_field(name):
+    # Every text field of an agent's default config (but `name`) is a choice among named
+    # values; a value none of them is must be refused when the agent is made, as a ConfigError
+    # naming the field, not as an error from inside a network or a learner's trace.
+    from podracer.config import ConfigError
+
+    spec = envs_jax.make("Pendulum-v1" if name == "sampled_muzero" else "catch").spec()
+    fields = [k for k, v in agents.default_config(name).items()
+              if isinstance(v, str) and k != "name"]
+    assert fields
+    for field in fields:
+        config = agents.default_config(name)
+        config[field] = "not_a_choice"
+        with pytest.raises(ConfigError) as info:
+            agents.make(config, spec)
+        assert str(info.value).startswith(
+            f"config.agent.{field}: unknown value 'not_a_choice'"), info.value
+
+
 @pytest.mark.parametrize("name, field, value, says", [
     ("vtrace", "lambda_", 1.5, "must be a number in [0, 1], got 1.5"),
     ("ppo", "gae_lambda", -0.5, "must be a number in [0, 1], got -0.5"),

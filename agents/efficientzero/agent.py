@@ -36,12 +36,13 @@ from agents.muzero.agent import INTRODUCED as MUZERO_INTRODUCED
 from agents.muzero.learning import LearnerState
 from podracer import optim
 from podracer.agent import Agent
-from podracer.config import ConfigError
+from podracer.config import ConfigError, require_one_of
 from podracer.types import Array, EnvSpec
 
 OPTIMIZER_HPARAMS = muzero.OPTIMIZER_HPARAMS
 LOSS_HPARAMS = muzero.LOSS_HPARAMS + ("consistency_cost",)
 SWEEPABLE = OPTIMIZER_HPARAMS + LOSS_HPARAMS
+OPTIMIZERS = ("adamw", "clipped_lars")
 METRIC_NAMES = muzero.METRIC_NAMES + ("consistency_loss", "td_steps")
 # Fields added since the first release, with the value that behaves as the code did before
 # (registered as `introduced`): MuZero's (inherited), and without the warm-up the full cost
@@ -144,9 +145,7 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
     """The optimiser `config.optimizer`, its hyperparameters held in its state."""
     if config.optimizer == "adamw":
         return muzero.make_optimizer(config)
-    if config.optimizer != "clipped_lars":
-        raise ConfigError("agent.optimizer", f"is {config.optimizer!r}",
-                          "use 'adamw' or 'clipped_lars'")
+    require_one_of("agent.optimizer", config.optimizer, OPTIMIZERS)
 
     def chain(learning_rate, max_grad_norm, weight_decay):
         return optax.chain(optax.clip_by_global_norm(max_grad_norm),
@@ -166,7 +165,7 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first EfficientZero field that cannot work."""
     muzero.validate(config)
-    muzero.check_choices(config, {"consistency_norm": CONSISTENCY_NORMS,
+    muzero.check_choices(config, {"optimizer": OPTIMIZERS, "consistency_norm": CONSISTENCY_NORMS,
                                   "augment_draws": learning.AUGMENT_DRAWS,
                                   "unroll_gradient_scale": learning.GRADIENT_SCALES})
     if config.value_prefix and config.value_prefix_horizon < 1:

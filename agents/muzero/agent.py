@@ -327,6 +327,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                            "q_transform": Q_TRANSFORMS,
                            "unvisited_q": UNVISITED_Q, "past_end_targets": PAST_END_TARGETS,
                            "reanalyse_value": ("target_network", "root"),
+                           "target_positions": learning.TARGET_POSITIONS,
                            "store_frames_once": ("auto", "on", "off")})
     validate_hidden_sizes(config.hidden_sizes)
     latent = config.latent_size

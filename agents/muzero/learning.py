@@ -37,6 +37,9 @@ from podracer.config import ConfigError
 from podracer.types import Array, Metrics, Params, PRNGKey, StepType, Trajectory
 
 
+# Where the value targets bootstrap from (`LearnConfig.target_positions`, `batch_targets`).
+TARGET_POSITIONS = ("bootstrap", "window")
+
 @chex.dataclass(frozen=True)
 class LearnerState:
     params: Params
@@ -177,8 +180,8 @@ def batch_targets(network: MuZeroNetwork, target_params: Params, windows: dict, 
     elif learn.target_positions == "bootstrap":
         boot_values = values(observations_at(windows, history + boot, history=history))
     else:
-        raise ValueError(f"agent.target_positions={learn.target_positions!r}: use "
-                         "'bootstrap' or 'window'.")
+        raise ValueError(f"agent.target_positions={learn.target_positions!r}: use one of "
+                         f"{TARGET_POSITIONS}.")
     policies = ahead["policy"]
     num_reanalyse = round(learn.reanalyse_fraction * s)
     by_root = learn.reanalyse_value == "root"

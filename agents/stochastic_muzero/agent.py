@@ -71,10 +71,10 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
 
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first Stochastic MuZero field that cannot work."""
+    muzero.validate(config)
     if config.search != "muzero":
         raise ConfigError("agent.search", f"is {config.search!r}",
                           "use 'muzero' (PUCT): mctx's stochastic search has no Gumbel variant")
-    muzero.validate(config)
     muzero.check_choices(config, {"encoder_input": ENCODER_INPUTS,
                                   "encoder_output": ENCODER_OUTPUTS})
     chance = config.num_chance_outcomes

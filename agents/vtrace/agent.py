@@ -23,7 +23,7 @@ from agents.actor_critic import (
 )
 from agents.hparams import replace_hparams
 from agents.vtrace import learning
-from agents.vtrace.networks import logit_scale, make_network, resolve_torso
+from agents.vtrace.networks import TORSOS, logit_scale, make_network, resolve_torso
 from podracer.agent import Agent
 from podracer.config import ConfigError, require_discount, require_fraction, require_one_of
 from podracer.types import Array, EnvSpec
@@ -106,6 +106,7 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
 
 
 def _check_config(config: ml_collections.ConfigDict) -> None:
+    require_one_of("agent.torso", config.torso, TORSOS)
     require_one_of("agent.advantage_normalization", config.advantage_normalization,
                    ADVANTAGE_NORMALIZATIONS)
     require_discount(config.discount)
