@@ -109,9 +109,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
             run_shape={"num_devices": plan.num_devices, "num_runs": plan.num_runs},
             introduced=workdir_lib.introduced_fields(agents.introduced(plan.agent_name)))
         state = programs.init_fn(*init_args)
-        chunk_fn = _compile(programs, plan, state, checkpoints=session.checkpoint_dir is not None)
-        compile_seconds = time.perf_counter() - started
+        restore_started = time.perf_counter()
         state, start = _resume(session, plan, programs, state, init_args[2])
+        restore_seconds = time.perf_counter() - restore_started
+        # A run whose checkpoint holds every chunk has nothing left to compute: its chunk is
+        # not compiled (minutes for a large agent) only to find that out.
+        chunk_fn = (_compile(programs, plan, state,
+                             checkpoints=session.checkpoint_dir is not None)
+                    if start.chunks < plan.num_chunks else None)
+        compile_seconds = time.perf_counter() - started - restore_seconds
         records = _open_records(session, plan, start)
         run_info = _run_info(plan, programs, start)
         if plan.is_main:
@@ -312,12 +318,12 @@ class _InFlight:
 class _HostLoop:
     """The pipelined loop of the module docstring, from a start to the last chunk or SIGTERM."""
 
-    def __init__(self, plan: RunPlan, programs: _Programs, chunk_fn: Callable,
+    def __init__(self, plan: RunPlan, programs: _Programs, chunk_fn: Callable | None,
                  session: RunSession, records: workdir_lib.Records,
                  log_fn: Callable[[dict], None] | None, *, time_offset: float):
         self.plan = plan
         self.programs = programs
-        self.chunk_fn = chunk_fn
+        self.chunk_fn = chunk_fn  # None when the start is the last chunk: nothing to run
         self.checkpointer = session.checkpointer
         self.records = records
         self.log_fn = log_fn

@@ -20,6 +20,7 @@ import pytest
 from conftest import (
     SMALL_CATCH_STEPS_PER_CHUNK,
     SMALL_CATCH_UPDATES_PER_CHUNK,
+    assert_trees_equal,
     checkpoint_steps,
     garble_arrays,
     small_catch_config,
@@ -56,6 +57,26 @@ def _copy(workdir, tmp_path):
     copy = str(tmp_path / "copy")
     shutil.copytree(workdir, copy)
     return copy
+
+
+def test_a_finished_run_started_again_does_not_compile_its_chunk(finished, tmp_path,
+                                                                  monkeypatch):
+    from anakin import runner
+
+    compiled = []
+    original = runner._compile
+    monkeypatch.setattr(runner, "_compile",
+                        lambda *a, **k: compiled.append(1) or original(*a, **k))
+    workdir = _copy(finished[0], tmp_path)
+    result = anakin.train(_config(), workdir)
+    assert compiled == []  # the checkpoint holds every chunk: nothing to run
+    assert result.resumed_from_updates == 20 and not result.interrupted
+    assert_trees_equal(result.state.learner_state.params, finished[1].state.learner_state.params)
+    # One chunk short of the end, the chunk is compiled and run.
+    half = _copy(finished[0], tmp_path / "half")
+    result = anakin.train(_config(total_env_steps=6 * STEPS_PER_CHUNK), half)
+    assert compiled == [1] and result.resumed_from_updates == 20
+    assert [r["updates"] for r in result.history][-1] == 30
 
 
 @pytest.mark.parametrize("field, value, reshapes", [
