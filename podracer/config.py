@@ -72,19 +72,20 @@ def require_whole(field: str, value: Any, minimum: int, example: int) -> None:
                           f"set e.g. --config.{field}={example}")
 
 
+def _require_unit_interval(field: str, value: Any, fix: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
+        raise ConfigError(field, f"must be a number in [0, 1], got {value!r}", fix)
+
+
 def require_fraction(field: str, value: Any, example: float) -> None:
     """`value` (the config's `field`, dotted) is a number in [0, 1], such as a lambda."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
-        raise ConfigError(field, f"must be a number in [0, 1], got {value!r}",
-                          f"set e.g. --config.{field}={example}")
+    _require_unit_interval(field, value, f"set e.g. --config.{field}={example}")
 
 
 def require_discount(value: Any, field: str = "agent.discount") -> None:
     """A discount is a number in [0, 1] (1: undiscounted): above 1 the returns grow without
     bound, below 0 they change sign at every step."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
-        raise ConfigError(field, f"must be a number in [0, 1], got {value!r}",
-                          f"set --config.{field} to e.g. 0.99 (1.0: undiscounted)")
+    _require_unit_interval(field, value, f"set --config.{field} to e.g. 0.99 (1.0: undiscounted)")
 
 
 def require_divisible(config: ml_collections.ConfigDict, field: str, divisor: int,

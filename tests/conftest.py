@@ -125,7 +125,6 @@ def assert_trees_equal(actual, expected, *, float_rtol: float = 0.0) -> None:
 # compiles as a researcher's run does. Module fixtures follow their module's mark, and the
 # experiments a test starts as subprocesses follow the test's (through the environment).
 # PODRACER_TESTS_OPTIMISED=1 compiles every test with the optimisations.
-
 #
 # Without the optimisations, XLA:CPU's fusion emitters (its MLIR code generation, the default)
 # still take much of a small program's compile; its older emitters compile the same HLO about

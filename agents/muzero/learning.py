@@ -40,6 +40,7 @@ from podracer.types import Array, Metrics, Params, PRNGKey, StepType, Trajectory
 # Where the value targets bootstrap from (`LearnConfig.target_positions`, `batch_targets`).
 TARGET_POSITIONS = ("bootstrap", "window")
 
+
 @chex.dataclass(frozen=True)
 class LearnerState:
     params: Params
