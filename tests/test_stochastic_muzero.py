@@ -224,6 +224,20 @@ def test_registered_and_sweepable_over_its_loss_weights():
     assert {"commitment_cost", "chance_cost", "afterstate_value_cost"} <= set(smz.SWEEPABLE)
 
 
+def test_every_search_has_twice_the_simulations_of_the_muzero_search_beside_it():
+    """A simulation expands a state or an afterstate (the hand-worked tree above), so twice
+    MuZero's simulations expand about as many states as MuZero's: the agent's default
+    against MuZero's, and each shipped config against the MuZero config it is built from."""
+    from experiments.configs import (muzero_catch, muzero_minatar, stochastic_muzero_catch,
+                                     stochastic_muzero_minatar)
+
+    assert smz.default_config().num_simulations == 2 * muzero.default_config().num_simulations
+    for stochastic, plain in ((stochastic_muzero_catch, muzero_catch),
+                              (stochastic_muzero_minatar, muzero_minatar)):
+        assert (stochastic.get_config().agent.num_simulations
+                == 2 * plain.get_config().agent.num_simulations)
+
+
 @pytest.mark.optimised
 def test_stochastic_muzero_learns_catch_under_anakin():
     """The shipped config on plain Catch (no drift): a random policy scores about -0.6; after

@@ -47,6 +47,9 @@ def default_config() -> ml_collections.ConfigDict:
     c = muzero.default_config()
     c.name = "stochastic_muzero"  # the registered agent name
     c.search = "muzero"  # PUCT at decision nodes: mctx has no Gumbel search with chance nodes
+    # Simulations per search. Each expands a state or an afterstate, so twice MuZero's 16
+    # expand about as many states as MuZero's search.
+    c.num_simulations = 32
     c.num_chance_outcomes = 8  # C: the codebook's one-hot codes (the paper: 32)
     # The chance encoder's input: "pair" (o_k and o_{k+1}; the paper's o_<=k+1 cut to its two
     # newest) or "next" (o_{k+1} alone).
