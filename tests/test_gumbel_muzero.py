@@ -4,7 +4,8 @@ learning Catch at 2 simulations.
 The expected values are derived by hand from the paper's definitions (Danihelka et al., 2022:
 Sequential Halving with Gumbel at the root, the mixed value of its appendix D, the improved
 policy softmax(logits + sigma(completed Q)) with sigma(q) = (c_visit + max_b N(b)) c_scale q on
-min-max normalised Q), at mctx's constants c_visit = 50 and c_scale = 0.1.
+min-max normalised Q), at mctx's constants c_visit = 50 and c_scale = 0.1, and the least range
+of Q the normalisation divides by at mctx's 1e-8 unless a test sets it.
 """
 
 import functools
@@ -22,6 +23,7 @@ from podracer.config import ConfigError
 from podracer.types import TimeStep
 
 C_VISIT, C_SCALE = 50.0, 0.1
+MCTX_FLOOR = 1e-8  # mctx's least range of Q for the min-max normalisation (its `epsilon`)
 LOGITS = np.array([1.0, 0.5, 0.0])  # the prior at the root: a0 first, then a1, then a2
 
 
@@ -30,7 +32,8 @@ def _softmax(x):
     return e / e.sum()
 
 
-def _bandit_search(params, observation, key, evaluation, *, c_visit=C_VISIT, c_scale=C_SCALE):
+def _bandit_search(params, observation, key, evaluation, *, c_visit=C_VISIT, c_scale=C_SCALE,
+                   q_floor=MCTX_FLOOR):
     """`search(params, observation, key, evaluation)` of MuZero's `search_with` (Gumbel, 2
     simulations) on a one-step bandit with params {"q": [3], "v": []}: the root's prior is
     `LOGITS` and its value v; taking a at the root gives reward q[a] and discount 0, so
@@ -49,7 +52,8 @@ def _bandit_search(params, observation, key, evaluation, *, c_visit=C_VISIT, c_s
         search="gumbel", num_simulations=2, support_size=10, discount=0.97,
         dirichlet_alpha=0.3, dirichlet_fraction=0.25, temperature=1.0,
         q_transform="parent_and_siblings", unvisited_q="min", max_num_considered_actions=16,
-        gumbel_scale=1.0, gumbel_value_scale=c_scale, gumbel_maxvisit_init=c_visit)
+        gumbel_scale=1.0, gumbel_value_scale=c_scale, gumbel_maxvisit_init=c_visit,
+        gumbel_q_floor=q_floor)
     root = mctx.RootFnOutput(prior_logits=jnp.asarray(LOGITS, jnp.float32)[None],
                              value=params["v"][None], embedding=jnp.zeros((1,), jnp.float32))
     return muzero.search_with(root, recurrent_fn, params, key, settings, evaluation=evaluation)
@@ -60,17 +64,19 @@ _ACTOR_STEP = jax.jit(muzero.make_actor_step(_bandit_search, kind="gumbel"),
                       static_argnames="evaluation")
 
 
-def _improved_policy(q, raw_value, visits, *, c_visit=C_VISIT, c_scale=C_SCALE):
+def _improved_policy(q, raw_value, visits, *, c_visit=C_VISIT, c_scale=C_SCALE,
+                     q_floor=MCTX_FLOOR):
     """softmax(logits + sigma(completed Q)) by hand: unvisited actions take the mixed value
     v_mix = (v + sum N * sum_{visited} pi q / sum_{visited} pi) / (1 + sum N); Q is min-max
-    normalised over the completed Q of the root's children; sigma scales it by
-    (c_visit + max N) c_scale. Also returns sigma."""
+    normalised over the completed Q of the root's children, divided by their range or
+    `q_floor`, whichever is larger; sigma scales it by (c_visit + max N) c_scale. Also
+    returns sigma."""
     q, visits = np.asarray(q, np.float64), np.asarray(visits)
     pi, seen = _softmax(LOGITS), visits > 0
     weighted = np.sum(np.where(seen, pi * q, 0.0)) / np.sum(np.where(seen, pi, 0.0))
     v_mix = (raw_value + visits.sum() * weighted) / (1 + visits.sum())
     completed = np.where(seen, q, v_mix)
-    normalised = (completed - completed.min()) / (completed.max() - completed.min())
+    normalised = (completed - completed.min()) / max(completed.max() - completed.min(), q_floor)
     sigma = (c_visit + visits.max()) * c_scale * normalised
     return _softmax(LOGITS + sigma), sigma
 
@@ -148,6 +154,38 @@ def test_sigmas_constants_are_switches():
     config.gumbel_value_scale, config.gumbel_maxvisit_init = 1.0, 10.0
     settings = muzero.search_config(config)
     assert (settings.gumbel_value_scale, settings.gumbel_maxvisit_init) == (1.0, 10.0)
+
+
+def test_sigmas_floor_keeps_a_small_q_gap_from_taking_its_full_scale():
+    # Q gaps of 0.03 and 0.01 (v_mix, completing a2, lies between the two visited Q): without
+    # a floor the min-max normalisation stretches them to 0 .. 1, so sigma spreads its full
+    # (50 + 1) 0.1 = 5.1 over the three children; with the floor at 0.1 the spread is
+    # 5.1 x 0.03 / 0.1 = 1.53 and the prior's logits still count.
+    q, v = [0.50, 0.53, 0.0], 0.52
+    search = functools.partial(_bandit_search, q_floor=0.1)
+    actor_step = jax.jit(muzero.make_actor_step(search, kind="gumbel"),
+                         static_argnames="evaluation")
+    _, policy = _act(q, v, evaluation=True, actor_step=actor_step)
+    expected, sigma = _improved_policy(q, v, [1, 1, 0], q_floor=0.1)
+    np.testing.assert_allclose(policy, expected, rtol=1e-5)
+    np.testing.assert_allclose(np.ptp(sigma), 51 * 0.1 * 0.03 / 0.1, rtol=1e-3)
+    floorless, floorless_sigma = _improved_policy(q, v, [1, 1, 0])
+    np.testing.assert_allclose(np.ptp(floorless_sigma), 5.1, rtol=1e-6)
+    np.testing.assert_allclose(_act(q, v, evaluation=True)[1], floorless, rtol=1e-5)
+    # The floorless target puts 95% of its mass on a1, whose Q is 0.03 higher; the floored
+    # one 61%, leaving a0, the prior's favourite, 22%.
+    assert floorless[1] > 0.9 and expected[1] < 0.7 and expected[0] > 0.2
+
+
+def test_the_agents_gumbel_floor_reaches_the_search_and_is_validated():
+    config = muzero.default_config()
+    assert muzero.search_config(config).gumbel_q_floor == config.gumbel_q_floor == 0.1
+    config.gumbel_q_floor = 0.5
+    assert muzero.search_config(config).gumbel_q_floor == 0.5
+    for bad in (0.0, -1.0, None, True):
+        config.gumbel_q_floor = bad
+        with pytest.raises(ConfigError, match=r"agent\.gumbel_q_floor: must be a positive"):
+            muzero.validate(config)
 
 
 def test_an_unknown_search_names_the_field():

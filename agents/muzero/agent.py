@@ -50,10 +50,11 @@ METRIC_NAMES = ("loss", "value_loss", "policy_loss", "reward_loss", "grad_norm",
 # resume at that value. Each value was read off the diff that added the field: None bins are
 # the old 2S + 1; without the terminal head the loss adds 0 and the search's discount is
 # unchanged; a gradient share of 1 is the full gradient; rewards times 1.0 are unchanged;
-# the Gumbel search passed mctx's defaults of its Q transform.
+# the Gumbel search passed mctx's defaults of its Q transform (its floor, `epsilon`, 1e-8).
 INTRODUCED = MappingProxyType({"support_bins": None, "terminal_head": False,
                                "terminal_head_gradient": 1.0, "reward_scale": 1.0,
-                               "gumbel_value_scale": 0.1, "gumbel_maxvisit_init": 50.0})
+                               "gumbel_value_scale": 0.1, "gumbel_maxvisit_init": 50.0,
+                               "gumbel_q_floor": 1e-8})
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -100,6 +101,10 @@ def default_config() -> ml_collections.ConfigDict:
     # min-max normalised completed Q (the paper's c_visit and c_scale; mctx's defaults).
     c.gumbel_value_scale = 0.1
     c.gumbel_maxvisit_init = 50.0
+    # The least range of completed Q that q's min-max normalisation divides by, in units of
+    # value: Q gaps smaller than this do not take sigma's full scale (mctx's own is 1e-8, so
+    # any gap between two actions does). docs/gumbel_muzero.md#sigmas-floor says why.
+    c.gumbel_q_floor = 0.1
     # Learning.
     c.discount = 0.97  # gamma per agent step
     c.unroll_steps = 5  # K: model steps unrolled from each sampled position
@@ -234,7 +239,8 @@ def search_config(config: ml_collections.ConfigDict) -> SearchConfig:
         unvisited_q=config.unvisited_q,
         max_num_considered_actions=config.max_num_considered_actions,
         gumbel_scale=config.gumbel_scale, gumbel_value_scale=float(config.gumbel_value_scale),
-        gumbel_maxvisit_init=float(config.gumbel_maxvisit_init))
+        gumbel_maxvisit_init=float(config.gumbel_maxvisit_init),
+        gumbel_q_floor=float(config.gumbel_q_floor))
 
 
 def learn_config(config: ml_collections.ConfigDict) -> LearnConfig:
@@ -319,10 +325,16 @@ def check_choices(config: ml_collections.ConfigDict, choices: dict[str, tuple]) 
 
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first MuZero field that cannot work: a choice with an
-    unknown value, a discount outside [0, 1], no simulations or no TD steps, a width below 1."""
+    unknown value, a discount outside [0, 1], no simulations or no TD steps, a Gumbel Q floor
+    that is not positive, a width below 1."""
     require_discount(config.discount)
     require_whole("agent.num_simulations", config.num_simulations, 1, 50)
     require_whole("agent.td_steps", config.td_steps, 1, 5)
+    floor = config.gumbel_q_floor
+    if not isinstance(floor, (int, float)) or isinstance(floor, bool) or not floor > 0:
+        raise ConfigError("agent.gumbel_q_floor", f"must be a positive range of Q, got {floor!r}",
+                          "set e.g. --config.agent.gumbel_q_floor=0.1 (1e-8 is mctx's: any "
+                          "gap between the children's Q then takes sigma's full scale)")
     check_choices(config, {"network": ("auto", *KINDS), "search": SEARCHES,
                            "q_transform": Q_TRANSFORMS,
                            "unvisited_q": UNVISITED_Q, "past_end_targets": PAST_END_TARGETS,

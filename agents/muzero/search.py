@@ -36,6 +36,7 @@ class SearchConfig:
     gumbel_scale: float  # Gumbel, acting (evaluation uses 0)
     gumbel_value_scale: float = 0.1  # Gumbel: c_scale of sigma(q)
     gumbel_maxvisit_init: float = 50.0  # Gumbel: c_visit of sigma(q)
+    gumbel_q_floor: float = 1e-8  # Gumbel: the least Q range q is normalised by (mctx's)
 
 
 def value_to_scalar(logits: Array, support_size: int) -> Array:
@@ -187,8 +188,10 @@ def search_with(root: mctx.RootFnOutput, recurrent_fn, params: Params, key: PRNG
     `temperature` (possibly traced; None: `search_config.temperature`) is the acting
     temperature of the visit counts. Gumbel's Q transform is mctx's
     `qtransform_completed_by_mix_value`: the mixed value completes unvisited children and Q
-    is min-max normalised over the node's completed Q (so the scale of rewards does not
-    change sigma), at `search_config.gumbel_value_scale` and `.gumbel_maxvisit_init`."""
+    is min-max normalised over the node's completed Q, dividing by at least
+    `search_config.gumbel_q_floor` (so the scale of rewards changes sigma only where the
+    children's Q differ by less than the floor), at `search_config.gumbel_value_scale` and
+    `.gumbel_maxvisit_init`."""
     if search_config.search == "gumbel":
         return mctx.gumbel_muzero_policy(
             params, key, root, recurrent_fn,
@@ -198,7 +201,8 @@ def search_with(root: mctx.RootFnOutput, recurrent_fn, params: Params, key: PRNG
             qtransform=functools.partial(
                 mctx.qtransform_completed_by_mix_value,
                 value_scale=search_config.gumbel_value_scale,
-                maxvisit_init=search_config.gumbel_maxvisit_init),
+                maxvisit_init=search_config.gumbel_maxvisit_init,
+                epsilon=search_config.gumbel_q_floor),
         )
     return mctx.muzero_policy(
         params, key, root, recurrent_fn,
