@@ -865,8 +865,10 @@ def test_reanalyse_moves_policy_targets_to_the_target_networks_search(reanalyse_
     config.unroll_steps, config.td_steps, config.rollout_length = 1, 1, 3
     config.replay_capacity, config.reanalyse_fraction, config.num_simulations = 12, 1.0, 8
     config.reanalyse_value = reanalyse_value
-    # mctx's own Q normalisation and unvisited-child Q, as the reference search below.
+    # mctx's own Q normalisation and unvisited-child Q (and Gumbel's floor on the range of
+    # Q), as the reference search below.
     config.q_transform, config.unvisited_q = "parent_and_siblings", "min"
+    config.gumbel_q_floor = 1e-8
     config.hidden_sizes, config.latent_size = (16,), 16
     network = muzero.make_network(config, SPEC)
     params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, 10, 5)), jnp.zeros((1,), jnp.int32))
