@@ -24,8 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.agent.gumbel_q_floor = 1e-8
     config.agent.discount = 0.97
     config.agent.td_steps = 10  # as measured (MuZero's default: 5)
-    config.agent.hidden_sizes = (128,)
-    config.agent.latent_size = 128
+    config.agent.hidden_sizes, config.agent.latent_size = (128,), 128
     config.agent.learning_rate = 3e-3
     config.agent.value_cost = 1.0
     config.agent.batch_size = 128
