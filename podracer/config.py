@@ -32,12 +32,19 @@ def get(config: ml_collections.ConfigDict, field: str) -> Any:
     return node
 
 
+def _require_positive(field: str, value: Any, fix: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ConfigError(field, f"must be a positive number, got {value!r}", fix)
+
+
 def require_positive(config: ml_collections.ConfigDict, *fields: str) -> None:
     for field in fields:
-        value = get(config, field)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(field, f"must be a positive number, got {value!r}",
-                              f"set --config.{field} to a value > 0")
+        _require_positive(field, get(config, field), f"set --config.{field} to a value > 0")
+
+
+def require_positive_number(field: str, value: Any, example: float) -> None:
+    """`value` (the config's `field`, dotted) is a number > 0."""
+    _require_positive(field, value, f"set e.g. --config.{field}={example}")
 
 
 def require_non_negative(config: ml_collections.ConfigDict, *fields: str) -> None:

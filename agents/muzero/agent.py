@@ -31,7 +31,8 @@ from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
 from podracer import replay_loop
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_discount, require_one_of, require_whole
+from podracer.config import (ConfigError, require_discount, require_one_of,
+                              require_positive_number, require_whole)
 from podracer.types import Array, EnvSpec, Metrics, PRNGKey, TimeStep, Trajectory
 
 # Scalar hyperparameters held in the learner state as arrays, so that one compiled program
@@ -101,9 +102,9 @@ def default_config() -> ml_collections.ConfigDict:
     # min-max normalised completed Q (the paper's c_visit and c_scale; mctx's defaults).
     c.gumbel_value_scale = 0.1
     c.gumbel_maxvisit_init = 50.0
-    # The least range of completed Q that q's min-max normalisation divides by, in units of
-    # value: Q gaps smaller than this do not take sigma's full scale (mctx's own is 1e-8, so
-    # any gap between two actions does). docs/gumbel_muzero.md#sigmas-floor says why.
+    # The least range of completed Q that sigma's min-max normalisation divides by, in units
+    # of value: Q gaps smaller than this do not take sigma's full scale (mctx's own is 1e-8,
+    # so any gap between two actions does). docs/gumbel_muzero.md#sigmas-floor says why.
     c.gumbel_q_floor = 0.1
     # Learning.
     c.discount = 0.97  # gamma per agent step
@@ -330,11 +331,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     require_discount(config.discount)
     require_whole("agent.num_simulations", config.num_simulations, 1, 50)
     require_whole("agent.td_steps", config.td_steps, 1, 5)
-    floor = config.gumbel_q_floor
-    if not isinstance(floor, (int, float)) or isinstance(floor, bool) or not floor > 0:
-        raise ConfigError("agent.gumbel_q_floor", f"must be a positive range of Q, got {floor!r}",
-                          "set e.g. --config.agent.gumbel_q_floor=0.1 (1e-8 is mctx's: any "
-                          "gap between the children's Q then takes sigma's full scale)")
+    require_positive_number("agent.gumbel_q_floor", config.gumbel_q_floor, 0.1)
     check_choices(config, {"network": ("auto", *KINDS), "search": SEARCHES,
                            "q_transform": Q_TRANSFORMS,
                            "unvisited_q": UNVISITED_Q, "past_end_targets": PAST_END_TARGETS,
