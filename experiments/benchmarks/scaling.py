@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ import time
 from absl import app, flags
 
 from experiments import _cli
+from experiments.benchmarks import _fig4b
 
 _OUT = flags.DEFINE_string("out", "docs/scaling", "Directory for the PNGs and results.json.")
 _DEVICES = flags.DEFINE_list("devices", ["1", "2", "4", "8"], "Simulated CPU device counts.")
@@ -134,14 +134,7 @@ def fig4b() -> list[dict]:
     out = _run(["experiments.benchmarks.sebulba",
                 f"--batch_sizes={','.join(_BATCH_SIZES.value)}", *_FIG4B_ARGS.value.split()],
                None)
-    rows, in_sweep = [], False
-    for line in out.splitlines():
-        in_sweep = in_sweep or line.startswith("Figure 4b")
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if in_sweep and len(cells) >= 6 and re.fullmatch(r"\d+", cells[0]):
-            values = [float(c.replace(",", "")) for c in cells[2:6]]
-            rows.append({"envs_per_thread": int(cells[0]), "envpool": values[0],
-                         "actor": values[1], "learner": values[2], "sebulba": values[3]})
+    rows = _fig4b.parse(out)
     if not rows:
         raise RuntimeError("no Figure 4b rows in benchmarks.sebulba's output:\n" + out[-3000:])
     return rows
@@ -199,17 +192,22 @@ def _plot(results: dict, out: str) -> list[str]:
         ax.set_title(f"Throughput against {axis}")
         save(fig, f"scaling_{axis}.png")
     if results.get("fig4b"):
-        rows = results["fig4b"]
+        every_row = results["fig4b"]
         fig, ax = plt.subplots(figsize=(6, 4))
-        for key, style in (("envpool", "^:"), ("actor", "v:"), ("learner", "d:"),
-                           ("sebulba", "o-")):
-            name = "Sebulba end to end" if key == "sebulba" else f"{key} alone"
-            ax.plot([r["envs_per_thread"] for r in rows], [r[key] for r in rows], style,
-                    label=name)
+        thread_counts = sorted({r["actor_threads"] for r in every_row})
+        for threads in thread_counts:
+            rows = [r for r in every_row if r["actor_threads"] == threads]
+            for key, style in (("envpool", "^:"), ("actor", "v:"), ("learner", "d:"),
+                               ("sebulba", "o-")):
+                name = "Sebulba end to end" if key == "sebulba" else f"{key} alone"
+                if len(thread_counts) > 1:
+                    name += f", {threads} actor threads"
+                ax.plot([r["envs_per_thread"] for r in rows], [r[key] for r in rows], style,
+                        label=name)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xticks([r["envs_per_thread"] for r in rows],
-                      [str(r["envs_per_thread"]) for r in rows])
+        sizes = sorted({r["envs_per_thread"] for r in every_row})
+        ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.set_xlabel("actor batch size (envs per actor thread)")
         ax.set_ylabel("frames / s")
         ax.grid(True, alpha=0.3)
@@ -282,7 +280,8 @@ def main(argv):
             results["sebulba_processes"], ["processes", "sebulba_sps"]))
     if results.get("fig4b"):
         print("\nFigure 4b (frames/s)\n" + _table(
-            results["fig4b"], ["envs_per_thread", "envpool", "actor", "learner", "sebulba"]))
+            results["fig4b"], ["actor_threads", "envs_per_thread", "envpool", "actor", "learner",
+                                "sebulba"]))
     for path in _plot(results, _OUT.value):
         print(f"wrote {path}")
 

@@ -37,6 +37,7 @@ import sys
 from absl import app, flags
 
 from experiments import _cli
+from experiments.benchmarks import _fig4b
 
 # experiments/configs/, next to this package.
 _CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -334,10 +335,7 @@ def main(argv):
         print(f"\nFigure 4b: frames/s against actor batch size and actor threads "
               f"(torso={sweep.agent.torso}, {len(sweep.actor_device_ids)} actor device(s), "
               f"T={sweep.rollout_length})\n")
-        print("| actor threads per device | envs per actor thread | learner batch "
-              "(trajectories) | envpool alone | actor alone | learner alone | "
-              "Sebulba end to end | end to end / envpool alone |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print(_fig4b.header())
         seconds = max(5.0, _SECONDS.value / 2)
         agent = agents.make(sweep.agent, spec)
         params = agent.actor_params(agent.init(jax.random.PRNGKey(0), spec))
@@ -354,10 +352,8 @@ def main(argv):
                          actor_alone(sweep, options, agent, spec, params, seconds),
                          learner_alone(sweep, agent, spec, _LEARNER_UPDATES.value),
                          end_to_end(sweep, _E2E_UPDATES.value)]
-                print(f"| {threads} | {b} | {trajectories} | "
-                      + " | ".join(f"{r.steps_per_second * frame_skip:,.0f}" for r in rates)
-                      + f" | {100 * rates[3].steps_per_second / rates[0].steps_per_second:.0f}%"
-                      " |", flush=True)
+                print(_fig4b.row(threads, b, trajectories,
+                                 [r.steps_per_second * frame_skip for r in rates]), flush=True)
 
 
 if __name__ == "__main__":
