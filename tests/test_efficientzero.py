@@ -557,12 +557,35 @@ def test_unroll_gradient_scale_weighs_steps_past_zero_as_the_switch_says(scale):
                     + jnp.sum(out.reward_logits[:, 2] ** 2))
         return jax.grad(f)(params)
 
-    grads, reference = step_one(scale), step_one("whole")
     expected = 1.0 if scale == "whole" else 1.0 / config.unroll_steps
+
+    def unroll_policy(params):
+        # Step 1's policy logits through the unroll under the switch.
+        out = ez.unroll_model(network, params, observation, actions,
+                              value_prefix=config.value_prefix,
+                              value_prefix_horizon=config.value_prefix_horizon,
+                              lstm_size=config.lstm_size, gradient_scale=scale)
+        return jnp.sum(out.policy_logits[:, 1] ** 2)
+
+    def by_hand(params):
+        # The same prediction written out: h, one dynamics step whose latent passes half its
+        # gradient back (MuZero appendix G), f; no other scale.
+        latent = network.apply(params, observation, method="represent")
+        _, latent = network.apply(params, latent, actions[:, 0], method="dynamics")
+        latent = 0.5 * latent + 0.5 * jax.lax.stop_gradient(latent)
+        policy_logits, _ = network.apply(params, latent, method="predict")
+        return jnp.sum(policy_logits ** 2)
+
+    grads, reference = jax.grad(unroll_policy)(params), jax.grad(by_hand)(params)
     for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(reference)):
         np.testing.assert_allclose(np.asarray(g), expected * np.asarray(r), rtol=1e-4,
                                    atol=1e-6)
     assert any(np.abs(np.asarray(r)).max() > 0 for r in jax.tree.leaves(reference))
+    # The value prefix's reward logits take the same scale as the other predictions.
+    grads, reference = step_one(scale), step_one("whole")
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(reference)):
+        np.testing.assert_allclose(np.asarray(g), expected * np.asarray(r), rtol=1e-4,
+                                   atol=1e-6)
 
 
 @pytest.mark.parametrize("reach", [True, False])
