@@ -1100,6 +1100,65 @@ def test_reference_search_switches_run_inside_a_batched_search():
     assert np.asarray(out.search_tree.node_visits)[:, 0].tolist() == [13, 13, 13]
 
 
+def _bandit_search(q_transform: str, unvisited_q: str, num_simulations: int = 2):
+    """PUCT (mctx's c1 = 1.25, c2 = 19652, no root noise) on a bandit of 3 actions with priors
+    [0.5, 0.3, 0.2] (at every node) whose rewards are [1, 0, 0.8] and discount 0, so every
+    Q = r + gamma v is its action's reward; the root's value is 0."""
+    from agents.muzero.search import SearchConfig, search_with
+
+    config = SearchConfig(search="muzero", num_simulations=num_simulations, support_size=10,
+                          discount=0.0, dirichlet_alpha=0.25, dirichlet_fraction=0.25,
+                          temperature=1.0, q_transform=q_transform, unvisited_q=unvisited_q,
+                          max_num_considered_actions=3, gumbel_scale=1.0)
+    log_prior = jnp.log(jnp.asarray([[0.5, 0.3, 0.2]]))
+    root = mctx.RootFnOutput(prior_logits=log_prior, value=jnp.zeros(1),
+                             embedding=jnp.zeros((1, 1)))
+
+    def recurrent_fn(params, key, action, embedding):
+        reward = jnp.asarray([1.0, 0.0, 0.8])[action]
+        return mctx.RecurrentFnOutput(reward=reward, discount=jnp.zeros_like(reward),
+                                      prior_logits=log_prior, value=jnp.zeros_like(reward)), \
+            embedding
+
+    return search_with(root, recurrent_fn, None, jax.random.PRNGKey(0), config,
+                       evaluation=True)
+
+
+@pytest.mark.parametrize("q_transform", ["parent_and_siblings", "tree_min_max"])
+def test_unvisited_q_decides_the_second_simulation_of_a_bandit_search(q_transform):
+    # Simulation 1: nothing visited, every value term 0 -> the largest prior, action 0
+    # (reward 1). The root's value becomes (0 + 1) / 2 = 0.5 with 2 visits, and
+    # sqrt(2) (1.25 + log(19655 / 19652)) = 1.76798, so the prior terms of simulation 2 are
+    # 0.5 x 1.76798 / 2 = 0.442, 0.3 x 1.76798 = 0.530 and 0.2 x 1.76798 = 0.354.
+    # "min": the unvisited children take the lowest value term, 0, against action 0's 1:
+    # 1.442 > 0.530, action 0 again. "parent_mean": they take the root's mean Q over its
+    # visited children, 1 (action 0's Q), which normalises to 1 like action 0's: 1.530 for
+    # action 1 beats 1.442. Either scope gives this (in tree_min_max one visited edge leaves
+    # the range empty, and Q stands as it is).
+    visits = {unvisited: np.asarray(
+        _bandit_search(q_transform, unvisited).search_tree.children_visits[0, 0]).tolist()
+        for unvisited in ("min", "parent_mean")}
+    assert visits == {"min": [2, 0, 0], "parent_mean": [1, 1, 0]}
+
+
+def test_the_search_passes_the_agents_q_transform_and_unvisited_q_to_puct(monkeypatch):
+    from agents.muzero import search as search_module
+
+    seen = []
+    original = search_module.qtransform
+
+    def spy(tree, node_index, **kwargs):
+        seen.append(kwargs)
+        return original(tree, node_index, **kwargs)
+
+    monkeypatch.setattr(search_module, "qtransform", spy)
+    for scope, unvisited in [("tree_min_max", "parent_mean"), ("parent_and_siblings", "min"),
+                             ("tree_min_max", "min")]:
+        seen.clear()
+        _bandit_search(scope, unvisited)
+        assert seen and all(kw == {"scope": scope, "unvisited": unvisited} for kw in seen)
+
+
 def test_storing_frames_once_can_be_turned_off_and_a_bad_value_names_the_field():
     # The field holds a string ("auto" | "on" | "off"): "off" must mean off. (It was read
     # with bool(), so any value given on the command line, "off" or "False", turned it on.)
