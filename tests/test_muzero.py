@@ -732,6 +732,13 @@ def test_image_replay_stores_each_frame_once_and_learns_from_rebuilt_stacks():
     # The second window of column 0 (slot 0 after the wrap) holds stream times -2 .. 7.
     np.testing.assert_array_equal(np.asarray(state.replay.items["frame"][0, 2:]),
                                   observations[:8, ..., -1])
+    # What the learner reads at each of its positions is the stream's own stack: window
+    # index i is stream time i - 2 (the stream restarts at time 0, before which no frame is
+    # read).
+    windows = {key: value[:1] for key, value in state.replay.items.items()}
+    indices = jnp.arange(2, 10)[None]
+    rebuilt = muzero_learning.observations_at(windows, indices, history=3)
+    np.testing.assert_array_equal(np.asarray(rebuilt[0]), observations[:8])
 
 
 class _ValueIsObservation:
