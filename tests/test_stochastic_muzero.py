@@ -66,7 +66,9 @@ def _toy_search(num_simulations, q_transform="parent_and_siblings", unvisited_q=
 @pytest.mark.parametrize("q_transform,unvisited_q", [("parent_and_siblings", "min"),
                                                       ("tree_min_max", "parent_mean")])
 def test_search_backs_up_the_expectation_over_chance_outcomes(q_transform, unvisited_q):
-    # Simulation 1 expands the afterstate of action 0 (node 1, value Q0 = 0.5): root value
+    # The priors (10 against -10) choose action 0 whatever PUCT's value term says, so each
+    # value term must give the same tree (that the search uses the one asked for:
+    # `test_decision_nodes_use_the_agents_q_transform_and_unvisited_q`). Simulation 1 expands the afterstate of action 0 (node 1, value Q0 = 0.5): root value
     # (0.1 + 0.5) / 2 = 0.3. Simulation 2: action 0 again; at node 1 outcome 0 (0.6 / 1 >
     # 0.4 / 1) expands node 2; backed up 1 + 0.9 * 0.2 = 1.18: node 1 (0.5 + 1.18) / 2 =
     # 0.84, root (2 * 0.3 + 1.18) / 3. Simulation 3: outcome 1 (0.6 / 2 < 0.4 / 1) expands
@@ -83,6 +85,23 @@ def test_search_backs_up_the_expectation_over_chance_outcomes(q_transform, unvis
     # discounts of the chance function.
     np.testing.assert_array_equal(tree.parents[0, :4], [-1, 0, 1, 1])
     np.testing.assert_array_equal(tree.action_from_parent[0, :4], [-1, 0, 2, 3])  # A + c
+
+
+def test_decision_nodes_use_the_agents_q_transform_and_unvisited_q(monkeypatch):
+    from agents.stochastic_muzero import search as search_module
+
+    seen = []
+    original = search_module.qtransform
+
+    def spy(tree, node_index, **kwargs):
+        seen.append(kwargs)
+        return original(tree, node_index, **kwargs)
+
+    monkeypatch.setattr(search_module, "qtransform", spy)
+    for scope, unvisited in [("tree_min_max", "parent_mean"), ("parent_and_siblings", "min")]:
+        seen.clear()
+        _toy_search(3, scope, unvisited)
+        assert seen and all(kw == {"scope": scope, "unvisited": unvisited} for kw in seen)
 
 
 def test_search_with_four_simulations_reaches_a_decision_node_below_an_outcome():
