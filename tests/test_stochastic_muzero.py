@@ -131,33 +131,59 @@ def _catch_spec():
     return envs_jax.make("catch").spec()
 
 
+def _two_hot_logits(weights: dict, batch: int):
+    """[batch, 21] logits on the support [-10, 10] with `weights` {bin index: mass}."""
+    probs = np.zeros(21)
+    for index, mass in weights.items():
+        probs[index] = mass
+    return jnp.broadcast_to(jnp.log(jnp.asarray(probs, jnp.float32) + 1e-30), (batch, 21))
+
+
+class _KnownStochasticModel:
+    """A stand-in model with outputs worked by hand, on the support [-10, 10]: afterstate(s,
+    a) = s + a; at an afterstate x, sigma's logits [x0, -x0, 0] and Q = 0 (all mass on bin
+    0); dynamics(x, code) = (reward 3: h(3) = 1.003, mass 0.997 / 0.003 on bins +1 / +2;
+    the next state x + [1, 2, 3] . code); at a state y, the prior logits [y0, 2 y0, -y0],
+    value 0.2 (h(0.2) = 0.0956451: mass 0.904355 / 0.0956451 on bins 0 / +1) and the
+    terminal head's logit y0."""
+
+    num_chance_outcomes = 3
+    terminal_head = True
+
+    def apply(self, params, x, *args, method):
+        del params
+        batch = x.shape[0]
+        if method == "afterstate":
+            return x + args[0][:, None]
+        if method == "afterstate_predict":
+            return (jnp.stack([x[:, 0], -x[:, 0], jnp.zeros(batch)], axis=-1),
+                    _two_hot_logits({10: 1.0}, batch))
+        if method == "dynamics":
+            shift = args[0] @ jnp.asarray([1.0, 2.0, 3.0])
+            return _two_hot_logits({11: 0.997, 12: 0.003}, batch), x + shift[:, None]
+        if method == "predict":
+            return (jnp.stack([x[:, 0], 2 * x[:, 0], -x[:, 0]], axis=-1),
+                    _two_hot_logits({10: 0.904355, 11: 0.0956451}, batch))
+        assert method == "terminal_logit", method
+        return x[:, 0]
+
+
 def test_recurrent_functions_read_the_afterstate_and_chance_heads():
-    config = _small_config(terminal_head=True)
-    network = smz.make_stochastic_network(config, _catch_spec())
-    obs = jax.random.uniform(jax.random.PRNGKey(0), (2, 10, 5))
-    params = network.init(jax.random.PRNGKey(1), obs, jnp.zeros((2,), jnp.int32))
-    state = network.apply(params, obs, method="represent")
-    action, outcome = jnp.asarray([0, 2]), jnp.asarray([1, 2])
-    decision, afterstate = smz.make_decision_recurrent_fn(network, 3)(
-        params, None, action, state)
-    expected_after = network.apply(params, state, action, method="afterstate")
-    chance_logits, q_logits = network.apply(params, expected_after, method="afterstate_predict")
-    np.testing.assert_allclose(afterstate, expected_after, rtol=1e-6)
-    np.testing.assert_allclose(decision.chance_logits, chance_logits, rtol=1e-6)
-    np.testing.assert_allclose(decision.afterstate_value,
-                               muzero.value_to_scalar(q_logits, 3), rtol=1e-6)
-    chance, next_state = smz.make_chance_recurrent_fn(network, 3, 0.9)(
-        params, None, outcome, afterstate)
-    reward_logits, expected_next = network.apply(
-        params, afterstate, jax.nn.one_hot(outcome, 3), method="dynamics")
-    end = jax.nn.sigmoid(network.apply(params, expected_next, method="terminal_logit"))
-    np.testing.assert_allclose(next_state, expected_next, rtol=1e-6)
-    np.testing.assert_allclose(chance.reward, muzero.value_to_scalar(reward_logits, 3),
-                               rtol=1e-6)
-    np.testing.assert_allclose(chance.discount, 0.9 * (1 - end), rtol=1e-6)
-    policy_logits, value_logits = network.apply(params, expected_next, method="predict")
-    np.testing.assert_allclose(chance.action_logits, policy_logits, rtol=1e-6)
-    np.testing.assert_allclose(chance.value, muzero.value_to_scalar(value_logits, 3), rtol=1e-6)
+    model = _KnownStochasticModel()
+    state = jnp.asarray([[0.5, 7.0], [-1.0, 7.0]])
+    decision, afterstate = smz.make_decision_recurrent_fn(model, 10)(
+        None, None, jnp.asarray([0, 2]), state)
+    np.testing.assert_allclose(afterstate, [[0.5, 7.0], [1.0, 9.0]])
+    np.testing.assert_allclose(decision.chance_logits, [[0.5, -0.5, 0.0], [1.0, -1.0, 0.0]])
+    np.testing.assert_allclose(decision.afterstate_value, [0.0, 0.0], atol=5e-4)
+    chance, next_state = smz.make_chance_recurrent_fn(model, 10, 0.9)(
+        None, None, jnp.asarray([1, 2]), afterstate)
+    np.testing.assert_allclose(next_state, [[2.5, 9.0], [4.0, 12.0]])  # + 2, + 3
+    np.testing.assert_allclose(chance.reward, [3.0, 3.0], atol=1e-3)
+    np.testing.assert_allclose(chance.value, [0.2, 0.2], atol=5e-4)  # float32 inverse of h
+    np.testing.assert_allclose(chance.action_logits, [[2.5, 5.0, -2.5], [4.0, 8.0, -4.0]])
+    # gamma (1 - P(end)) = 0.9 sigmoid(-y0): 0.9 / (1 + e^2.5) and 0.9 / (1 + e^4).
+    np.testing.assert_allclose(chance.discount, [0.0682724, 0.0161876], rtol=1e-5)
 
 
 def test_the_code_is_the_argmax_one_hot_passed_straight_through():
