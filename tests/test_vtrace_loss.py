@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import rlax
 
 from agents.vtrace import vtrace_loss
@@ -79,9 +80,13 @@ def test_loss_matches_the_hand_written_recursion():
     np.testing.assert_allclose(out.loss, total, rtol=1e-5, atol=1e-6)
 
 
-def test_masked_transition_contributes_nothing_and_cuts_the_trace():
+@pytest.mark.parametrize("masked", [2, 4])
+def test_masked_transition_contributes_nothing_and_cuts_the_trace(masked):
+    # x_masked was LAST: x_masked -> x_masked+1 is a reset. At 2 its discount is already 0
+    # (a terminal); at 4 it is 1, so only the mask cuts the trace there.
     inp = _inputs()
-    mask = np.array([1, 1, 0, 1, 1], np.float32)  # x_2 was LAST: x_2 -> x_3 is a reset
+    mask = np.ones(5, np.float32)
+    mask[masked] = 0.0
     out = vtrace_loss(**inp, mask=mask, discount=GAMMA)
     total, policy, baseline, _ = _reference(inp, mask)
     np.testing.assert_allclose(out.loss, total, rtol=1e-5, atol=1e-6)
@@ -89,7 +94,7 @@ def test_masked_transition_contributes_nothing_and_cuts_the_trace():
     np.testing.assert_allclose(out.baseline_loss, baseline, rtol=1e-5, atol=1e-6)
     # Changing the reward of the masked transition must not change anything.
     changed = dict(inp, rewards=inp["rewards"].copy())
-    changed["rewards"][2] = 100.0
+    changed["rewards"][masked] = 100.0
     out_changed = vtrace_loss(**changed, mask=mask, discount=GAMMA)
     np.testing.assert_allclose(out_changed.loss, out.loss, rtol=1e-6)
 
