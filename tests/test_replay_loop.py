@@ -24,6 +24,28 @@ def test_updates_wait_for_the_warm_up_then_run_the_replay_ratio(size, expected_s
     assert float(metrics["loss"]) == expected_loss  # the mean of 0, 1, 2 once ready
 
 
+def test_every_device_waits_for_the_slowest_replay():
+    # Under pmap over two devices whose replays hold 3 and 4 items (min 4): neither updates,
+    # so the replicated update runs everywhere or nowhere; at 4 and 5 both make 3 updates.
+    step = jax.pmap(lambda size, s: replay_loop.train_when_ready(
+        _update, s, jax.random.key(0), size=size, updates_per_step=3, min_items=4,
+        metric_names=("loss",), axis_name="d"), axis_name="d")
+    for sizes, expected in [((3, 4), [0, 0]), ((4, 5), [3, 3])]:
+        state, _ = step(jnp.asarray(sizes), jnp.zeros((2,), jnp.int32))
+        assert state.tolist() == expected, sizes
+
+
+def test_each_update_gets_its_own_key():
+    def update(state, key):  # writes its key's draw into the next slot
+        count, draws = state
+        return (count + 1, draws.at[count].set(jax.random.uniform(key))), {}
+
+    (count, draws), _ = replay_loop.train_when_ready(
+        update, (jnp.asarray(0), jnp.zeros(3)), jax.random.key(0), size=jnp.asarray(4),
+        updates_per_step=3, min_items=4, metric_names=(), axis_name=None)
+    assert int(count) == 3 and len(set(draws.tolist())) == 3  # three different draws
+
+
 class _Device:
     platform = "gpu"
 
