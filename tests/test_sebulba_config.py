@@ -88,6 +88,11 @@ def test_configs_without_the_checkpoint_and_eval_fields_get_their_defaults():
                   "eval_episodes", "eval_max_steps"):
         del config[field]
     validate(config, num_local_devices=1, num_processes=1)
+    plan = sebulba_plan.make_plan(config)
+    # sebulba.default_config()'s documented values: no periodic checkpoint or evaluation,
+    # the newest 3 checkpoints kept, 32 episodes of at most 1,000 steps.
+    assert (plan.checkpoint_every, plan.checkpoint_keep, plan.eval_every, plan.eval_episodes,
+            plan.eval_max_steps) == (0, 3, 0, 32, 1000)
 
 
 def test_evaluation_options_may_differ_only_where_the_spec_stays():
