@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 
+import jax
 import numpy as np
 import pytest
 from conftest import (
@@ -79,6 +80,31 @@ def test_a_finished_run_started_again_does_not_compile_its_chunk(finished, tmp_p
     assert [r["updates"] for r in result.history][-1] == 30
 
 
+def _fail_if_compiled(monkeypatch):
+    """Makes compiling or running the run's programs fail the test. Tracing them for their
+    shapes is allowed: the checkpoint's layout is compared with the state's before anything
+    compiles. The runner's cache of programs is emptied, so that every program is built
+    through the guard."""
+    from anakin import runner
+
+    real = replication.replicate
+
+    def replicate(fn, *args, **kwargs):
+        replicated = real(fn, *args, **kwargs)
+
+        def guarded(*call_args):
+            if not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(call_args)):
+                pytest.fail("a program ran before the refusal")
+            return replicated(*call_args)
+
+        return guarded
+
+    monkeypatch.setattr(replication, "replicate", replicate)
+    monkeypatch.setattr(runner, "_PROGRAMS", {})
+    monkeypatch.setattr(runner, "_compile",
+                        lambda *a, **k: pytest.fail("compiled before the refusal"))
+
+
 @pytest.mark.parametrize("field, value, reshapes", [
     ("num_envs", 32, True),
     ("agent.hidden_sizes", (64, 32), True),
@@ -86,9 +112,10 @@ def test_a_finished_run_started_again_does_not_compile_its_chunk(finished, tmp_p
     ("agent.entropy_cost", 0.05, False),
 ])
 def test_a_changed_field_is_refused_naming_it_and_nothing_changes(finished, field, value,
-                                                                   reshapes):
+                                                                   reshapes, monkeypatch):
     workdir, _ = finished
     before = snapshot(workdir)
+    _fail_if_compiled(monkeypatch)
     with pytest.raises(workdir_lib.ResumeError) as info:
         anakin.train(_config(**{field: value}), workdir)
     message = str(info.value)
@@ -106,9 +133,10 @@ def test_a_changed_field_is_refused_naming_it_and_nothing_changes(finished, fiel
     assert snapshot(workdir) == before
 
 
-def test_another_device_count_is_refused_and_nothing_changes(finished):
+def test_another_device_count_is_refused_and_nothing_changes(finished, monkeypatch):
     workdir, _ = finished
     before = snapshot(workdir)
+    _fail_if_compiled(monkeypatch)
     with pytest.raises(ConfigError) as info:
         anakin.train(_config(num_devices=1), workdir)
     assert "num_devices" in info.value.fields
@@ -138,9 +166,10 @@ def test_resume_allow_changes_continues_with_the_new_value_and_records_it(finish
     assert saved["resume_allow_changes"] == ["agent.learning_rate"]
 
 
-def test_opting_in_does_not_allow_a_shape_change(finished):
+def test_opting_in_does_not_allow_a_shape_change(finished, monkeypatch):
     workdir, _ = finished
     before = snapshot(workdir)
+    _fail_if_compiled(monkeypatch)
     with pytest.raises(ConfigError) as info:
         anakin.train(_config(num_envs=32, resume_allow_changes=("num_envs",)), workdir)
     assert "reshape the saved state" in str(info.value)
@@ -346,7 +375,8 @@ def test_a_nan_stops_the_run_naming_the_update_and_keeps_the_good_checkpoint(fin
     assert max(checkpoint_steps(workdir)) < bad_update
 
 
-def test_a_missing_parent_or_a_file_as_workdir_fails_before_compiling(tmp_path):
+def test_a_missing_parent_or_a_file_as_workdir_fails_before_compiling(tmp_path, monkeypatch):
+    _fail_if_compiled(monkeypatch)
     with pytest.raises(workdir_lib.WorkdirError, match="parent directory .* does not exist"):
         anakin.train(_config(), str(tmp_path / "no" / "such" / "dir"))
     (tmp_path / "file").write_text("x")
