@@ -10,6 +10,7 @@ import anakin
 import envs_jax
 from envs_jax.wrappers import Wrapper
 from experiments.configs import vtrace_catch
+from podracer import replication
 from podracer.config import ConfigError
 from podracer.types import ArraySpec
 
@@ -53,8 +54,16 @@ class _PerAgentReward(Wrapper):
         return ArraySpec((2,), np.float32)
 
 
+class _PerEntryActions(Wrapper):
+    """Catch that says it takes one discrete action for each of two entries."""
+
+    def action_spec(self):
+        return ArraySpec((2,), np.int32)
+
+
 envs_jax.register("test_dict_catch", lambda: _DictObservation(envs_jax.make("catch")))
 envs_jax.register("test_two_agent_catch", lambda: _PerAgentReward(envs_jax.make("catch")))
+envs_jax.register("test_two_action_catch", lambda: _PerEntryActions(envs_jax.make("catch")))
 
 
 def _config(name):
@@ -72,6 +81,18 @@ def test_a_dict_observation_is_flattened_and_learns():
     assert result.final_metrics["episode_return"] >= 0.8, result.history
 
 
-def test_per_agent_rewards_are_refused_naming_the_reason():
+def _fail_if_compiled(monkeypatch):
+    monkeypatch.setattr(replication, "replicate",
+                        lambda *a, **k: pytest.fail("compiled before validating"))
+
+
+def test_per_agent_rewards_are_refused_naming_the_reason(monkeypatch):
+    _fail_if_compiled(monkeypatch)
     with pytest.raises(ConfigError, match="one reward per agent \\(shape \\(2,\\)\\)"):
         anakin.train(_config("test_two_agent_catch"))
+
+
+def test_per_entry_actions_are_refused_naming_the_reason(monkeypatch):
+    _fail_if_compiled(monkeypatch)
+    with pytest.raises(ConfigError, match="one discrete action per entry \\(shape \\(2,\\)\\)"):
+        anakin.train(_config("test_two_action_catch"))
