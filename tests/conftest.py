@@ -243,13 +243,16 @@ def wait_until(proc: subprocess.Popen, condition, what: str, timeout: float = 24
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def snapshot(directory: str) -> dict[str, tuple[int, int, str]]:
-    """(size, mtime in ns, sha256) of every file under `directory`, by relative path: equal
-    snapshots mean nothing was written, moved, appended to or removed."""
+def snapshot(directory: str) -> dict[str, tuple[int, int, str] | str]:
+    """(size, mtime in ns, sha256) of every file under `directory`, by relative path, and
+    "dir" for every directory below it (its path ending in "/"): equal snapshots mean nothing
+    was written, moved, appended to or removed, empty directories included."""
     import hashlib
 
     out = {}
-    for root, _, files in os.walk(directory):
+    for root, dirs, files in os.walk(directory):
+        for name in dirs:
+            out[os.path.relpath(os.path.join(root, name), directory) + "/"] = "dir"
         for name in files:
             path = os.path.join(root, name)
             with open(path, "rb") as f:
