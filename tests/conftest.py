@@ -262,6 +262,19 @@ def snapshot(directory: str) -> dict[str, tuple[int, int, str] | str]:
     return out
 
 
+def spy_on_keywords(monkeypatch, module, name: str) -> list[dict]:
+    """Replaces `module.<name>` (for the test) by a wrapper that records the keyword arguments
+    of each call, then calls the original; returns the list it appends them to."""
+    seen, original = [], getattr(module, name)
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
 def strip_agent_field(workdir: str, field: str) -> None:
     """Makes `workdir` look made by code that predates the agent config field `field`."""
     paths = glob.glob(os.path.join(workdir, "checkpoints", "*", "meta", "metadata"))

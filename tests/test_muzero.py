@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import mctx
 import numpy as np
 import pytest
-from conftest import kernel_shapes, tiny_sebulba_muzero_config
+from conftest import kernel_shapes, spy_on_keywords, tiny_sebulba_muzero_config
 
 import agents
 import anakin
@@ -1151,14 +1151,7 @@ def test_unvisited_q_decides_the_second_simulation_of_a_bandit_search(q_transfor
 def test_the_search_passes_the_agents_q_transform_and_unvisited_q_to_puct(monkeypatch):
     from agents.muzero import search as search_module
 
-    seen = []
-    original = search_module.qtransform
-
-    def spy(tree, node_index, **kwargs):
-        seen.append(kwargs)
-        return original(tree, node_index, **kwargs)
-
-    monkeypatch.setattr(search_module, "qtransform", spy)
+    seen = spy_on_keywords(monkeypatch, search_module, "qtransform")
     for scope, unvisited in [("tree_min_max", "parent_mean"), ("parent_and_siblings", "min"),
                              ("tree_min_max", "min")]:
         seen.clear()

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import mctx
 import numpy as np
 import pytest
+from conftest import spy_on_keywords
 
 import agents
 from agents import muzero
@@ -90,14 +91,7 @@ def test_search_backs_up_the_expectation_over_chance_outcomes(q_transform, unvis
 def test_decision_nodes_use_the_agents_q_transform_and_unvisited_q(monkeypatch):
     from agents.stochastic_muzero import search as search_module
 
-    seen = []
-    original = search_module.qtransform
-
-    def spy(tree, node_index, **kwargs):
-        seen.append(kwargs)
-        return original(tree, node_index, **kwargs)
-
-    monkeypatch.setattr(search_module, "qtransform", spy)
+    seen = spy_on_keywords(monkeypatch, search_module, "qtransform")
     for scope, unvisited in [("tree_min_max", "parent_mean"), ("parent_and_siblings", "min")]:
         seen.clear()
         _toy_search(3, scope, unvisited)
