@@ -262,6 +262,18 @@ def snapshot(directory: str) -> dict[str, tuple[int, int, str] | str]:
     return out
 
 
+def fail_if_anakin_builds_programs(monkeypatch) -> None:
+    """Makes Anakin building its replicated programs, the first step towards compiling
+    them, fail the test: for checks that must come before. The runner's cache of programs is
+    emptied, so that a program an earlier test built is built again through the guard."""
+    from anakin import runner
+    from podracer import replication
+
+    monkeypatch.setattr(runner, "_PROGRAMS", {})
+    monkeypatch.setattr(replication, "replicate",
+                        lambda *a, **k: pytest.fail("compiled before validating"))
+
+
 def spy_on_keywords(monkeypatch, module, name: str) -> list[dict]:
     """Replaces `module.<name>` (for the test) by a wrapper that records the keyword arguments
     of each call, then calls the original; returns the list it appends them to."""

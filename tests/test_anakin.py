@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import assert_trees_equal, relative_differences
+from conftest import assert_trees_equal, fail_if_anakin_builds_programs, relative_differences
 
 import anakin
 from experiments.configs import vtrace_catch
@@ -101,8 +101,7 @@ def test_bad_config_fails_before_compiling_naming_the_field(overrides, field, mo
             node = node[parent]
         node[leaf] = value
     # Nothing may compile: fail loudly if the runner gets as far as replicating.
-    monkeypatch.setattr(replication, "replicate",
-                        lambda *a, **k: pytest.fail("compiled before validating"))
+    fail_if_anakin_builds_programs(monkeypatch)
     with pytest.raises(ConfigError, match=f"config.{field}") as info:
         anakin.train(config)
     assert "Fix:" in str(info.value)

@@ -3,12 +3,12 @@ and how a sweep's runs are read from the config."""
 
 import ml_collections
 import pytest
+from conftest import fail_if_anakin_builds_programs
 
 import anakin
 from anakin import config as anakin_config
 from anakin.config import Run, sweep_runs
 from experiments.configs import vtrace_catch
-from podracer import replication
 from podracer.config import ConfigError
 
 
@@ -59,8 +59,7 @@ def test_bad_fields_fail_before_compiling_naming_the_field(overrides, field, say
     config.num_devices = 1
     for key, value in overrides.items():
         _set(config, key, value)
-    monkeypatch.setattr(replication, "replicate",
-                        lambda *a, **k: pytest.fail("compiled before validating"))
+    fail_if_anakin_builds_programs(monkeypatch)
     with pytest.raises(ConfigError, match=f"config.{field}") as info:
         anakin.train(config)
     assert says in str(info.value) and "Fix:" in str(info.value)
@@ -95,8 +94,7 @@ def test_an_environment_of_a_library_not_installed_names_the_extra(monkeypatch):
         extra="nolib"))
     config = vtrace_catch.get_config()
     config.env.name = "nolib:Breakout-MinAtar"
-    monkeypatch.setattr(replication, "replicate",
-                        lambda *a, **k: pytest.fail("compiled before validating"))
+    fail_if_anakin_builds_programs(monkeypatch)
     with pytest.raises(ConfigError, match="config.env.name") as info:
         anakin.train(config)
     assert "pip install -e '.[nolib]'" in str(info.value)
@@ -174,8 +172,7 @@ def test_an_agent_rollout_length_not_tied_to_the_runners_is_refused_before_compi
     config.agent = ml_collections.ConfigDict(config.agent.to_dict())
     config.agent.rollout_length = 16
     assert config.rollout_length == 8
-    monkeypatch.setattr(replication, "replicate",
-                        lambda *a, **k: pytest.fail("compiled before validating"))
+    fail_if_anakin_builds_programs(monkeypatch)
     with pytest.raises(ConfigError) as info:
         anakin.train(config)
     assert info.value.field == "agent.rollout_length"

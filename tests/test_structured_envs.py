@@ -5,12 +5,12 @@ and per-entry actions are refused by validation, naming the reason, before anyth
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import fail_if_anakin_builds_programs
 
 import anakin
 import envs_jax
 from envs_jax.wrappers import Wrapper
 from experiments.configs import vtrace_catch
-from podracer import replication
 from podracer.config import ConfigError
 from podracer.types import ArraySpec
 
@@ -81,18 +81,13 @@ def test_a_dict_observation_is_flattened_and_learns():
     assert result.final_metrics["episode_return"] >= 0.8, result.history
 
 
-def _fail_if_compiled(monkeypatch):
-    monkeypatch.setattr(replication, "replicate",
-                        lambda *a, **k: pytest.fail("compiled before validating"))
-
-
 def test_per_agent_rewards_are_refused_naming_the_reason(monkeypatch):
-    _fail_if_compiled(monkeypatch)
+    fail_if_anakin_builds_programs(monkeypatch)
     with pytest.raises(ConfigError, match="one reward per agent \\(shape \\(2,\\)\\)"):
         anakin.train(_config("test_two_agent_catch"))
 
 
 def test_per_entry_actions_are_refused_naming_the_reason(monkeypatch):
-    _fail_if_compiled(monkeypatch)
+    fail_if_anakin_builds_programs(monkeypatch)
     with pytest.raises(ConfigError, match="one discrete action per entry \\(shape \\(2,\\)\\)"):
         anakin.train(_config("test_two_action_catch"))
