@@ -228,10 +228,12 @@ def test_envs_jax_matches_stepping_it_directly():
         assert (ts.extras["episode_return"][after] == 0).all()
 
 
-def _layout_invariants(env, steps=60):
+def _layout_invariants(env, steps=60, max_episode_steps=None):
     """What every kind promises: FIRST after LAST (and only there), reward 0 and discount 1 on
-    FIRST, discount 0 only on LAST, statistics that count the episode's steps."""
+    FIRST, discount 0 only on LAST, statistics that count the episode's steps; with
+    `max_episode_steps`, episodes end by then and some do end within the steps taken."""
     ts = env.reset()
+    ended = 0
     for t in range(steps):
         prev, ts = ts, env.step(np.full(env.num_envs, t % 3 == 0, np.int32))
         assert np.array_equal(ts.step_type == StepType.FIRST, prev.step_type == StepType.LAST)
@@ -243,7 +245,11 @@ def _layout_invariants(env, steps=60):
         assert np.array_equal(ts.extras["game_over"], ts.step_type == StepType.LAST)
         for x in (ts.step_type, ts.reward, ts.discount, ts.observation):
             assert isinstance(x, np.ndarray)
+        ended += int(np.sum(ts.step_type == StepType.LAST))
+        if max_episode_steps is not None:
+            assert ts.extras["episode_length"].max() <= max_episode_steps
     env.close()
+    assert ended > 0  # the invariants about episode ends were exercised
 
 
 @pytest.mark.parametrize("kind", host_env.KINDS)
@@ -253,7 +259,7 @@ def test_every_kind_gives_the_same_layout_on_cartpole(kind):
     env = host_env.make(kind, name[kind], 6, seed=0, options=options,
                         stepping=host_env.Stepping(num_threads=1))
     assert env.spec().observation.shape == (4,) and env.spec().action.num_values == 2
-    _layout_invariants(env)
+    _layout_invariants(env, max_episode_steps=10)
 
 
 @pytest.mark.parametrize("kind, num_workers", [(kind, 0) for kind in host_env.KINDS]
