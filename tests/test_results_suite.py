@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+from conftest import snapshot
 
 from experiments import plot
 from experiments.benchmarks import suite
@@ -65,10 +66,10 @@ def test_smallest_suite_runs_writes_its_table_and_refuses_to_overwrite(tmp_path)
     assert "| vtrace | catch | 2.048K |" in table and "discrete actions only" in table
     with open(os.path.join(out, "results.json")) as f:
         assert json.load(f)["seeds"] == [0, 1]
-    before = sorted(os.listdir(out))
+    before = snapshot(out)  # every file's bytes and times, and every directory
     with pytest.raises(FileExistsError, match="--resume"):
         suite.run_suite(out, ["vtrace"], ["catch"], [0, 1], steps=steps)
-    assert sorted(os.listdir(out)) == before
+    assert snapshot(out) == before
     # --resume finishes without running the finished pair again.
     again = suite.run_suite(out, ["vtrace"], ["catch"], [0, 1], steps=steps, resume=True)
     assert again["pairs"][0]["wall_seconds"] == catch["wall_seconds"]
