@@ -84,11 +84,17 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated
 
 
+# How a process that stopped as asked exits: done already, or stopped by SIGTERM or Ctrl-C
+# after its checkpoint (143, 130), or by the signal itself.
+_STOPPED = {0, 128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.SIGINT}
+
+
 def _stop_and_save(procs: list[subprocess.Popen], signum: int) -> int:
     """Every process stops as one that received `signum` does, after the step in flight with
     a checkpoint: each is sent SIGTERM (Ctrl-C at a terminal reached them all already, and a
     second SIGINT would stop them at once, without one), and the launcher waits for them; a
-    second Ctrl-C kills them."""
+    second Ctrl-C kills them. Returns 128 + `signum`, or, when a process failed while it
+    stopped (its checkpoint may be missing), that process's status, naming it."""
     print("launch: stopping every process after its step in flight (Ctrl-C again to kill "
           "them)", file=sys.stderr, flush=True)
     for p in procs:
@@ -107,6 +113,14 @@ def _stop_and_save(procs: list[subprocess.Popen], signum: int) -> int:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        return 128 + signum
+    failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in _STOPPED]
+    for i, status in failed:
+        print(f"launch: process {i} exited with status {status} while stopping (see its "
+              "output above): its checkpoint may be missing", file=sys.stderr, flush=True)
+    if failed:
+        status = failed[0][1]
+        return status if status > 0 else 128 - status
     return 128 + signum
 
 

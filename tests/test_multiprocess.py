@@ -277,6 +277,37 @@ def test_an_uncaught_cpp_exception_with_every_peer_alive_still_aborts():
     assert HEARTBEAT_S <= seconds < HEARTBEAT_S + 30
 
 
+class _StoppingProcess:
+    """A stand-in for a launched process that exits with `status` when sent SIGTERM."""
+
+    def __init__(self, status):
+        self.status, self.returncode = status, None
+
+    def poll(self):
+        return self.returncode
+
+    def send_signal(self, signum):
+        assert signum == signal.SIGTERM
+        self.returncode = self.status
+
+    def wait(self):
+        return self.returncode
+
+
+def test_the_launcher_names_a_process_that_failed_while_stopping(capsys):
+    from experiments import launch
+
+    # Both stop after their checkpoint (143): the launcher's own status, 128 + the signal.
+    procs = [_StoppingProcess(143), _StoppingProcess(143)]
+    assert launch._stop_and_save(procs, signal.SIGINT) == 130
+    # Process 1 fails as it saves (status 1): its status, and its index, not a clean 130.
+    procs = [_StoppingProcess(143), _StoppingProcess(1)]
+    assert launch._stop_and_save(procs, signal.SIGINT) == 1
+    assert "process 1 exited with status 1 while stopping" in capsys.readouterr().err
+    # Killed by a signal other than the stop (-9): 128 + 9.
+    assert launch._stop_and_save([_StoppingProcess(-9)], signal.SIGTERM) == 137
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_the_launcher_stopped_stops_every_process_after_a_checkpoint(tmp_path, signum):
     # Ctrl-C or SIGTERM to the launcher alone (a supervisor's): each process gets SIGTERM,
