@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
+from conftest import assert_trees_equal
 
 import anakin
 import envs_jax
@@ -271,19 +272,34 @@ def test_the_next_chunk_is_dispatched_before_a_chunks_metrics_are_logged(run):
         return compiled(state)
 
     seen = []
+    evaluated = []  # (params, key) of each evaluation the runner dispatches
+    evaluators = dict(programs.evaluators)
+
+    def recording(fn):
+        def evaluate(params, key):
+            evaluated.append(jax.device_get((params, key)))
+            return fn(params, key)
+        return evaluate
+
     programs.chunk_fn = counting
+    programs.evaluators.update({k: recording(fn) for k, fn in evaluators.items()})
     try:
         result = anakin.train(config, log_fn=lambda record: seen.append(len(dispatched)))
     finally:
         programs.chunk_fn = compiled
+        programs.evaluators.update(evaluators)
     assert seen == [2, 3, 4, 4]
     # The evaluation logged with the last chunk is of the parameters after it, keyed as the
     # runner documents: fold_in(fold_in(PRNGKey(seed), 0x5EED), updates).
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x5EED), 20)
+    params = replication.unreplicate(programs.agent.actor_params(result.state.learner_state))
+    assert evaluated, "no evaluation went through the compiled evaluator"
+    last_params, last_key = evaluated[-1]
+    np.testing.assert_array_equal(last_key, key)
+    assert_trees_equal(last_params, jax.device_get(params))
     evaluator = anakin.make_evaluator(
         programs.agent, programs.env, num_episodes=config.eval_episodes,
         max_steps=config.eval_max_steps)
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x5EED), 20)
-    params = replication.unreplicate(programs.agent.actor_params(result.state.learner_state))
     expected = jax.device_get(jax.jit(evaluator)(params, key))
     assert result.history[-1]["eval_return"] == pytest.approx(float(expected["eval_return"]))
 
