@@ -189,12 +189,28 @@ def _constant_temperature_make_agent(config, env_spec):
                             evaluation=evaluation))
 
 
-def test_evaluation_of_a_sweep_takes_actor_params_per_run():
+def test_evaluation_of_a_sweep_takes_actor_params_per_run(monkeypatch):
+    from anakin import runner
+    from podracer import replication
+    from podracer.session import eval_key
+
     def config_fn():
         config = _my_config()
         config.name = "constant_leaf"
         return config
 
+    evaluated = []  # (params, keys) of each evaluation the runner dispatches
+    compile_evaluator = runner._Programs.evaluator
+
+    def recording(self, *args):
+        fn = compile_evaluator(self, *args)
+
+        def evaluate(params, keys):
+            evaluated.append(jax.device_get((params, keys)))
+            return fn(params, keys)
+        return evaluate
+
+    monkeypatch.setattr(runner._Programs, "evaluator", recording)
     agents.register("constant_leaf", _constant_temperature_make_agent,
                     default_config=config_fn, replace=True)
     try:
@@ -208,6 +224,16 @@ def test_evaluation_of_a_sweep_takes_actor_params_per_run():
     for history in result.run_histories:
         evals = [r["eval_return"] for r in history if "eval_return" in r]
         assert len(evals) == 2 and all(-1.0 <= e <= 1.0 for e in evals)
+    # The last evaluation took run r's own parameters after the last chunk, and run r's key.
+    params, keys = evaluated[-1]
+    updates = result.run_histories[0][-1]["updates"]
+    final = replication.unreplicate(result.state.learner_state.params)
+    for r, seed in enumerate((0, 1)):
+        own = jax.tree.map(lambda x, r=r: x[r], final)
+        for got, want in zip(jax.tree.leaves(params["network"]), jax.tree.leaves(own)):
+            assert (got[r] == want).all()
+        assert (keys[r] == eval_key(seed, updates)).all()
+    assert params["temperature"].tolist() == [1.0, 1.0]
 
 
 def test_a_registered_agent_checkpoints_and_resumes_like_a_builtin_one(my_agent, tmp_path):
