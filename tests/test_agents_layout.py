@@ -60,11 +60,15 @@ def test_podracer_imports_no_agent_runner_nor_experiment(path):
 
 def test_typed_configs_are_built_from_the_config_and_frozen():
     config = efficientzero.default_config()
-    config.rollout_length = 7
+    # Values other than the defaults (5, "tree_min_max", "parent_mean", 16), so that a typed
+    # config read from the defaults instead of `config` shows.
+    config.rollout_length, config.td_steps, config.num_simulations = 7, 3, 9
+    config.q_transform, config.unvisited_q = "parent_and_siblings", "min"
     learn = efficientzero.learn_config(config)
-    assert learn.rollout_length == 7 and learn.muzero.td_steps == config.td_steps
-    assert learn.muzero.reanalyse_search == muzero.search_config(config)
-    assert learn.muzero.reanalyse_search.q_transform == "tree_min_max"
+    assert learn.rollout_length == 7 and learn.muzero.td_steps == 3
+    search = learn.muzero.reanalyse_search
+    assert (search.q_transform, search.unvisited_q, search.num_simulations) == (
+        "parent_and_siblings", "min", 9)
     for frozen in (learn, learn.muzero, muzero.search_config(config)):
         with pytest.raises(dataclasses.FrozenInstanceError):
             frozen.batch_size = 1  # any field
