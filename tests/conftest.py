@@ -274,6 +274,38 @@ def fail_if_anakin_builds_programs(monkeypatch) -> None:
                         lambda *a, **k: pytest.fail("compiled before validating"))
 
 
+class KnownModel:
+    """A stand-in MuZero model with outputs worked by hand, for 3 actions: h(o) = o; g(s, a)
+    = (reward 3, s + a) and f(s) = (prior logits [s0, 2 s0, -s0], value 0.2), as two-hot
+    logits on the support [-10, 10]; the terminal head's logit is s0."""
+
+    num_actions = 3
+
+    def __init__(self, terminal_head):
+        self.terminal_head = terminal_head
+
+    def apply(self, params, x, *args, method):
+        del params
+        batch = x.shape[0]
+        if method == "represent":
+            return x
+        if method == "dynamics":
+            # h(3) = 1.003: mass 0.997 on bin +1 and 0.003 on bin +2 (index 11 and 12).
+            reward = np.zeros(21)
+            reward[11], reward[12] = 0.997, 0.003
+            logits = jnp.log(jnp.asarray(reward, jnp.float32) + 1e-30)
+            return jnp.broadcast_to(logits, (batch, 21)), x + args[0][:, None]
+        if method == "predict":
+            # h(0.2) = 0.0956451: mass 0.904355 on bin 0 and 0.0956451 on bin +1.
+            value = np.zeros(21)
+            value[10], value[11] = 0.904355, 0.0956451
+            logits = jnp.log(jnp.asarray(value, jnp.float32) + 1e-30)
+            prior = jnp.stack([x[:, 0], 2 * x[:, 0], -x[:, 0]], axis=-1)
+            return prior, jnp.broadcast_to(logits, (batch, 21))
+        assert method == "terminal_logit", method
+        return x[:, 0]
+
+
 def spy_on_keywords(monkeypatch, module, name: str) -> list[dict]:
     """Replaces `module.<name>` (for the test) by a wrapper that records the keyword arguments
     of each call, then calls the original; returns the list it appends them to."""

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import mctx
 import numpy as np
 import pytest
-from conftest import kernel_shapes, spy_on_keywords, tiny_sebulba_muzero_config
+from conftest import KnownModel, kernel_shapes, spy_on_keywords, tiny_sebulba_muzero_config
 
 import agents
 import anakin
@@ -262,38 +262,10 @@ def test_recurrent_fn_shapes_and_discount():
     np.testing.assert_allclose(out.discount, 0.9 * (1 - 0.0099518), rtol=1e-5)
 
 
-class _KnownModel:
-    """A stand-in model with outputs worked by hand: g(s, a) = (reward 3, s + a) and f(s) =
-    (prior logits [s0, 2 s0, -s0], value 0.2), as two-hot logits on the support [-10, 10];
-    the terminal head's logit is s0."""
-
-    def __init__(self, terminal_head):
-        self.terminal_head = terminal_head
-
-    def apply(self, params, x, *args, method):
-        del params
-        batch = x.shape[0]
-        if method == "dynamics":
-            # h(3) = 1.003: mass 0.997 on bin +1 and 0.003 on bin +2 (index 11 and 12).
-            reward = np.zeros(21)
-            reward[11], reward[12] = 0.997, 0.003
-            logits = jnp.log(jnp.asarray(reward, jnp.float32) + 1e-30)
-            return jnp.broadcast_to(logits, (batch, 21)), x + args[0][:, None]
-        if method == "predict":
-            # h(0.2) = 0.0956451: mass 0.904355 on bin 0 and 0.0956451 on bin +1.
-            value = np.zeros(21)
-            value[10], value[11] = 0.904355, 0.0956451
-            logits = jnp.log(jnp.asarray(value, jnp.float32) + 1e-30)
-            prior = jnp.stack([x[:, 0], 2 * x[:, 0], -x[:, 0]], axis=-1)
-            return prior, jnp.broadcast_to(logits, (batch, 21))
-        assert method == "terminal_logit", method
-        return x[:, 0]
-
-
 @pytest.mark.parametrize("terminal_head", [False, True])
 def test_recurrent_fn_reads_reward_from_g_and_prior_and_value_from_f_at_the_next_state(
         terminal_head):
-    recurrent_fn = muzero.make_recurrent_fn(_KnownModel(terminal_head), 10, 0.9)
+    recurrent_fn = muzero.make_recurrent_fn(KnownModel(terminal_head), 10, 0.9)
     latent = jnp.asarray([[0.5, 7.0], [-1.0, 7.0]])
     out, next_latent = recurrent_fn(None, None, jnp.asarray([2, 0]), latent)
     np.testing.assert_allclose(next_latent, [[2.5, 9.0], [-1.0, 7.0]])

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from conftest import KnownModel
 
 from agents import muzero
 from agents.muzero.networks import make_network
@@ -126,6 +127,15 @@ def test_decisive_states_are_those_where_some_action_ends_the_episode():
     line = probe_rewards.terminal_summary(knows, fatal)
     assert "survives in 1.000" in line and "(a uniform choice: 0.500)" in line
     assert "Q(surviving) - Q(fatal) +1.5000" in line
+
+
+def test_one_step_q_is_the_reward_plus_the_discounted_value_of_each_actions_next_state():
+    # The stand-in model: reward 3 and value 0.2 after every action; its terminal head's
+    # logit at s' = s + a is s0 + a, so gamma (1 - P(end)) = 0.97 sigmoid(-(s0 + a)). From
+    # s0 = 0: 3 + 0.97 x 0.2 x [0.5, 0.2689414, 0.1192029] = [3.097, 3.0521747, 3.0231254].
+    q = probe_rewards.one_step_q(KnownModel(terminal_head=True), None,
+                                 np.zeros((1, 2), np.float32), 10, 0.97)
+    np.testing.assert_allclose(q, [[3.097, 3.0521747, 3.0231254]], atol=1.5e-3)
 
 
 def test_one_step_q_of_a_fresh_network_is_zero_for_every_action():
