@@ -274,6 +274,20 @@ def fail_if_anakin_builds_programs(monkeypatch) -> None:
                         lambda *a, **k: pytest.fail("compiled before validating"))
 
 
+def two_hot_logits(weights: dict, batch: int):
+    """[batch, 21] logits on the support [-10, 10] with `weights` {bin index: mass}."""
+    probs = np.zeros(21)
+    for index, mass in weights.items():
+        probs[index] = mass
+    return jnp.broadcast_to(jnp.log(jnp.asarray(probs, jnp.float32) + 1e-30), (batch, 21))
+
+
+# Hand-worked two-hot masses on [-10, 10]: h(3) = 1.003 puts 0.997 on bin +1 and 0.003 on +2
+# (indices 11, 12); h(0.2) = 0.0956451 puts 0.904355 on bin 0 and 0.0956451 on +1.
+THREE = {11: 0.997, 12: 0.003}
+POINT_TWO = {10: 0.904355, 11: 0.0956451}
+
+
 class KnownModel:
     """A stand-in MuZero model with outputs worked by hand, for 3 actions: h(o) = o; g(s, a)
     = (reward 3, s + a) and f(s) = (prior logits [s0, 2 s0, -s0], value 0.2), as two-hot
@@ -290,18 +304,10 @@ class KnownModel:
         if method == "represent":
             return x
         if method == "dynamics":
-            # h(3) = 1.003: mass 0.997 on bin +1 and 0.003 on bin +2 (index 11 and 12).
-            reward = np.zeros(21)
-            reward[11], reward[12] = 0.997, 0.003
-            logits = jnp.log(jnp.asarray(reward, jnp.float32) + 1e-30)
-            return jnp.broadcast_to(logits, (batch, 21)), x + args[0][:, None]
+            return two_hot_logits(THREE, batch), x + args[0][:, None]
         if method == "predict":
-            # h(0.2) = 0.0956451: mass 0.904355 on bin 0 and 0.0956451 on bin +1.
-            value = np.zeros(21)
-            value[10], value[11] = 0.904355, 0.0956451
-            logits = jnp.log(jnp.asarray(value, jnp.float32) + 1e-30)
             prior = jnp.stack([x[:, 0], 2 * x[:, 0], -x[:, 0]], axis=-1)
-            return prior, jnp.broadcast_to(logits, (batch, 21))
+            return prior, two_hot_logits(POINT_TWO, batch)
         assert method == "terminal_logit", method
         return x[:, 0]
 

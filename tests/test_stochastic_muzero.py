@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import mctx
 import numpy as np
 import pytest
-from conftest import spy_on_keywords
+from conftest import POINT_TWO, THREE, spy_on_keywords, two_hot_logits
 
 import agents
 from agents import muzero
@@ -125,14 +125,6 @@ def _catch_spec():
     return envs_jax.make("catch").spec()
 
 
-def _two_hot_logits(weights: dict, batch: int):
-    """[batch, 21] logits on the support [-10, 10] with `weights` {bin index: mass}."""
-    probs = np.zeros(21)
-    for index, mass in weights.items():
-        probs[index] = mass
-    return jnp.broadcast_to(jnp.log(jnp.asarray(probs, jnp.float32) + 1e-30), (batch, 21))
-
-
 class _KnownStochasticModel:
     """A stand-in model with outputs worked by hand, on the support [-10, 10]: afterstate(s,
     a) = s + a; at an afterstate x, sigma's logits [x0, -x0, 0] and Q = 0 (all mass on bin
@@ -151,13 +143,13 @@ class _KnownStochasticModel:
             return x + args[0][:, None]
         if method == "afterstate_predict":
             return (jnp.stack([x[:, 0], -x[:, 0], jnp.zeros(batch)], axis=-1),
-                    _two_hot_logits({10: 1.0}, batch))
+                    two_hot_logits({10: 1.0}, batch))
         if method == "dynamics":
             shift = args[0] @ jnp.asarray([1.0, 2.0, 3.0])
-            return _two_hot_logits({11: 0.997, 12: 0.003}, batch), x + shift[:, None]
+            return two_hot_logits(THREE, batch), x + shift[:, None]
         if method == "predict":
             return (jnp.stack([x[:, 0], 2 * x[:, 0], -x[:, 0]], axis=-1),
-                    _two_hot_logits({10: 0.904355, 11: 0.0956451}, batch))
+                    two_hot_logits(POINT_TWO, batch))
         assert method == "terminal_logit", method
         return x[:, 0]
 
