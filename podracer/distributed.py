@@ -26,7 +26,7 @@ catches ends the process at once (`std::terminate`, SIGABRT) with a message abou
 While the watchdog runs, a terminate handler holds such a process for as long as the watchdog
 needs to name the lost peer (JAX's own error polling, which learns of the lost heartbeat at the
 same moment, sometimes aborts the process first with its own message naming the task); if no
-peer was lost, the original handler then reports the exception and aborts, as before.
+peer was lost, the original handler then reports the exception and aborts.
 """
 
 from __future__ import annotations

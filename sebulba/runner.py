@@ -64,7 +64,8 @@ after every update, or every `PREEMPTION_CHECK_EVERY` updates in a run of severa
 logs, saves a checkpoint, and the run stops every thread and closes every environment.
 
 Faults: every thread runs inside `sebulba.threads.Supervisor`; a failure anywhere sets the stop
-flag that every blocking wait polls, and `train` re-raises the original exception.
+flag that every blocking wait polls, and `train` raises `sebulba.ThreadFailure`, whose
+`__cause__` is the original exception (a `NonFiniteError` is raised as it is).
 """
 
 from __future__ import annotations

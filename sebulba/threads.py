@@ -4,7 +4,9 @@ waits between them.
 Faults: every thread runs inside `Supervisor`, which records the first exception with its
 traceback and sets the stop flag. Every blocking wait (queues, parameter versions) polls that
 flag and gives up after `timeout_s` without progress from the other side (`ProgressClock`), so
-a failure anywhere ends the run promptly, and `train` re-raises the original exception.
+a failure anywhere ends the run promptly, and `train` raises `ThreadFailure` (the failed
+thread's name and traceback; `__cause__` is the original exception), or a `NonFiniteError`
+as it is.
 """
 
 from __future__ import annotations
