@@ -1,5 +1,6 @@
 """Sebulba as separate processes: two replicas joined by `jax.distributed` on localhost (CPU
-collectives through gloo), the launcher when one process fails, and Ctrl-C.
+collectives through gloo), stopped by the launcher and resumed, the launcher when one process
+fails, and Ctrl-C.
 
 Each process steps its own environments (seeded by process index), so their parameters can
 only end identical if every update averaged gradients over the learner devices of both.
@@ -16,6 +17,10 @@ import threading
 import time
 
 import numpy as np
+from conftest import checkpoint_steps, flat_arrays, wait_until
+
+from podracer.checkpoint import load_arrays
+from podracer.metrics import read_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARTPOLE = os.path.join(ROOT, "experiments", "configs", "sebulba_vtrace_cartpole.py")
@@ -57,6 +62,52 @@ def test_two_processes_end_with_identical_params(tmp_path):
     assert sorted(first.files) == sorted(second.files) and len(first.files) == 8
     # Bit for bit: the two processes are replicas of one compiled program on one machine, and
     # every update gives both the same all-reduced gradients.
+    for name in first.files:
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+
+
+def test_a_stopped_two_process_run_saves_one_checkpoint_and_both_resume_from_it(tmp_path):
+    # SIGTERM to the launcher (a supervisor's): both processes stop at one update, each saving
+    # its shards of that update's checkpoint; the same command again resumes both from it, and
+    # they end with identical parameters.
+    workdir = str(tmp_path / "run")
+    args = ["--num_processes=2", "--cpu_devices_per_process=2", "--", f"--config={CARTPOLE}",
+            "--config.actor_device_ids=(0,)", "--config.learner_device_ids=(1,)",
+            "--config.envs_per_actor_thread=16", "--config.rollout_length=16",
+            "--config.log_every_updates=5", "--config.checkpoint_every_updates=0",
+            "--config.eval_every_updates=0", "--config.save_final_params=True",
+            f"--workdir={workdir}"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "experiments.launch", *args,
+         "--config.total_env_steps=100000000"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    wait_until(launcher, lambda: len(read_records(workdir)) >= 1, "the run's first records")
+    launcher.send_signal(signal.SIGTERM)
+    out, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 143, err[-3000:]
+    assert out.count("Stopped by signal 15 after ") == 1, out[-3000:]  # process 0 prints
+    steps = checkpoint_steps(workdir)
+    assert len(steps) == 1 and steps[0] >= read_records(workdir)[0]["updates"], steps
+    stopped = steps[0]
+    # 2 processes x 16 environments x T = 16: 512 env steps an update; 10 more updates.
+    rest = _launch([*args, f"--config.total_env_steps={(stopped + 10) * 512}"])
+    assert rest.returncode == 0, rest.stdout[-3000:] + rest.stderr[-3000:]
+    assert f"Resuming from the checkpoint at update {stopped:,}" in rest.stdout, rest.stdout
+    records = read_records(workdir)
+    assert records[-1]["updates"] == stopped + 10
+    assert records[-1]["env_steps"] == (stopped + 10) * 512
+    # The learners went on from the checkpoint's state, on both processes' devices: their
+    # update counts and Adam's step counts are the run's, not the 10 updates of this process.
+    assert checkpoint_steps(workdir) == [stopped, stopped + 10]
+    final, _ = load_arrays(os.path.join(workdir, "checkpoints"))
+    counts = {k: v for k, v in flat_arrays(final).items()
+              if k == "learner_state/updates" or k.endswith("/count")}
+    assert "learner_state/updates" in counts and len(counts) >= 2, sorted(counts)
+    for name, count in counts.items():
+        np.testing.assert_array_equal(count, [stopped + 10] * 2, err_msg=name)
+    first = np.load(os.path.join(workdir, "final_params.process0.npz"))
+    second = np.load(os.path.join(workdir, "final_params.process1.npz"))
+    assert sorted(first.files) == sorted(second.files) and len(first.files) == 8
     for name in first.files:
         np.testing.assert_array_equal(first[name], second[name], err_msg=name)
 
