@@ -172,10 +172,14 @@ def test_a_run_with_two_batches_per_actor_thread_repeats_bit_for_bit(monkeypatch
     assert first.run_info["config"]["env"]["batches"] == 2
 
 
-def test_lag_zero_is_on_policy():
+@pytest.mark.parametrize("batches", [1, 2])
+def test_lag_zero_is_on_policy(batches):
+    # With two batches an actor thread acts on one while the other steps: each batch's
+    # actions, behaviour logits and observations must still reach the learner together.
     config = _config(policy_lag=0, total_env_steps=2 * 8 * 8 * 6, actor_device_ids=(0,),
                      learner_device_ids=(0, 1), envs_per_actor_thread=8,
                      actor_threads_per_device=2, log_every_updates=1)
+    config.env.batches = batches
     result = sebulba.train(config)
     assert result.policy_lags == [0] * 6
     # Behaviour and learner policies are the same parameters: every ratio pi/mu is 1 (up to
