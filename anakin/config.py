@@ -138,6 +138,29 @@ def _validate_sweep(config: ml_collections.ConfigDict, sweepable: tuple[str, ...
         first[key] = i
 
 
+def _validate_swept_values(config: ml_collections.ConfigDict, env_spec) -> None:
+    """Each run's values pass the agent's own checks, as the config's values did: a swept
+    discount of 1.5 is refused before compiling like `--config.agent.discount=1.5`."""
+    seen = set()
+    for i, run in enumerate(sweep_runs(config) or ()):
+        values = tuple(sorted(run.hparams.items()))
+        if not values or values in seen:
+            continue
+        seen.add(values)
+        agent_config = config.agent.copy_and_resolve_references()
+        with agent_config.ignore_type():
+            for name, value in values:
+                agent_config[name] = value
+        try:
+            agents.make(agent_config, env_spec)
+        except cfg.ConfigError as error:
+            swept = error.field.removeprefix("agent.")
+            field = f"sweep.agent.{swept}" if swept in run.hparams else error.field
+            raise cfg.ConfigError(field, f"run {i}'s values are refused by the agent ({error})",
+                                  f"give every run of {field} a value the agent accepts"
+                                  ) from None
+
+
 CPU_NUM_ENVS = 32  # environments in total on a CPU: the default every result here used
 ACCELERATOR_ENVS_PER_DEVICE = 256
 
@@ -226,7 +249,12 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int,
     cfg.require_runner_field(config, cfg.LEARNER_STEPS_FIELD, learner_steps)
     config = cfg.with_run_figures(config, {"num_envs": num_envs,
                                            cfg.LEARNER_STEPS_FIELD: learner_steps})
-    env = envs_jax.make(config.env.name, **config.env.get("kwargs", {}))
+    kwargs = dict(config.env.get("kwargs", {}) or {})
+    try:
+        env = envs_jax.make(config.env.name, **kwargs)
+    except TypeError as error:  # an argument the environment does not take
+        raise cfg.ConfigError("env.kwargs", f"{config.env.name!r} refuses {kwargs!r}: {error}",
+                              "pass only the keyword arguments its constructor takes") from None
     env = envs_jax.wrap_for_training(env, config.env.max_episode_steps or None,
                                      frame_stack=frame_stack)
     action_spec = env.action_spec()
@@ -242,5 +270,6 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int,
     if config.get("sweep") is not None:
         sweepable = agent.sweepable if agent.set_hparams is not None else ()
         _validate_sweep(config, sweepable, config.agent.name)
+        _validate_swept_values(config, env.spec())
     return Checked(num_devices=num_devices, env=env, agent=agent, num_envs=num_envs,
                    machine=None if given_num_envs else machine, config=config)

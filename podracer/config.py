@@ -7,6 +7,7 @@ helpers; every error names the offending field and says how to fix it.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -53,6 +54,48 @@ def require_non_negative(config: ml_collections.ConfigDict, *fields: str) -> Non
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise ConfigError(field, f"must be >= 0, got {value!r}",
                               f"set --config.{field} to a value >= 0")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _require_whole_at_least(minimum: int):
+    return lambda field, value, example: require_whole(field, value, minimum, example)
+
+
+def _require_non_negative_number(field: str, value: Any, example: float) -> None:
+    if not _is_number(value) or not value >= 0:  # NaN fails too
+        raise ConfigError(field, f"must be a number >= 0, got {value!r}",
+                          f"set e.g. --config.{field}={example}")
+
+
+def _require_finite_number(field: str, value: Any, example: float) -> None:
+    if not _is_number(value) or not math.isfinite(value):
+        raise ConfigError(field, f"must be a finite number, got {value!r}",
+                          f"set e.g. --config.{field}={example}")
+
+
+# What each kind of number field must hold (`check_numbers`).
+NUMBER_KINDS = {
+    "count": _require_whole_at_least(1),  # a whole number >= 1: sizes, batch sizes, intervals
+    "whole": _require_whole_at_least(0),  # a whole number >= 0
+    "positive": lambda field, value, example: require_positive_number(field, value, example),
+    "non_negative": _require_non_negative_number,
+    "fraction": lambda field, value, example: require_fraction(field, value, example),
+    "finite": _require_finite_number,  # any real number: loss weights, bounds
+}
+
+
+def check_numbers(config: ml_collections.ConfigDict, prefix: str,
+                  rules: Mapping[str, tuple[str, Any]]) -> None:
+    """Checks the number fields `rules` names, {field: (kind, example)} with a kind of
+    `NUMBER_KINDS`, in `config` (whose fields errors name as `prefix.field`, e.g.
+    "agent.batch_size"); a field `config` lacks is skipped, so agents built on another's
+    config share one table."""
+    for name, (kind, example) in rules.items():
+        if name in config:
+            NUMBER_KINDS[kind](f"{prefix}.{name}", config[name], example)
 
 
 def require_choice(config: ml_collections.ConfigDict, field: str, choices: Iterable[Any]) -> None:

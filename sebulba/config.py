@@ -328,6 +328,10 @@ def _environment(config: ml_collections.ConfigDict) -> Environment:
     compiled; a bad task or option names its field and the fix."""
     task = cfg.get(config, "env.task")
     protocol = cfg.get(config, "env.protocol")
+    if not isinstance(task, str) or not task:
+        raise cfg.ConfigError("env.task", f"must be a task name, got {task!r}",
+                              "set e.g. --config.env.task=CartPole-v1, gymnasium:<id> or "
+                              "envs_jax:<name>")
     kind, name = host_env.parse_task(task)
     stepping = _stepping(config, kind)
     if kind == "envpool":

@@ -28,7 +28,8 @@ from agents.hparams import replace_hparams
 from podracer import replay_loop
 from podracer import transition_replay as tr
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_discount, require_one_of, require_whole
+from podracer.config import (ConfigError, check_numbers, require_discount, require_one_of,
+                              require_whole)
 from podracer.types import Array, EnvSpec, Metrics, PRNGKey, Trajectory
 
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
@@ -91,6 +92,15 @@ def check_whole(config: ml_collections.ConfigDict, field: str, minimum: int,
     require_whole(f"agent.{field}", config[field], minimum, example)
 
 
+# The number fields and what each must hold (`podracer.config.check_numbers`), with an example.
+NUMBER_FIELDS = {"learning_rate": ("positive", 5e-4), "adam_eps": ("non_negative", 1e-5),
+                 "max_grad_norm": ("positive", 10.0), "huber_delta": ("positive", 1.0),
+                 "priority_exponent": ("non_negative", 0.0),
+                 "importance_exponent": ("non_negative", 0.4), "v_min": ("finite", -10.0),
+                 "v_max": ("finite", 10.0), "epsilon_start": ("fraction", 1.0),
+                 "epsilon_end": ("fraction", 0.05)}
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first field of a DQN config that cannot work."""
     require_one_of("agent.head", config.head, networks.HEADS)
@@ -103,6 +113,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                                     ("target_update_interval", 1, 100),
                                     ("epsilon_anneal_steps", 0, 1000), ("num_atoms", 2, 51)):
         check_whole(config, field, minimum, example)
+    check_numbers(config, "agent", NUMBER_FIELDS)
     if config.head == "c51" and not config.v_min < config.v_max:
         raise ConfigError("agent.v_min", f"must be below agent.v_max ({config.v_min} >= "
                           f"{config.v_max})", "set e.g. v_min=-10, v_max=10")

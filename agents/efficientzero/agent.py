@@ -36,7 +36,7 @@ from agents.muzero.agent import INTRODUCED as MUZERO_INTRODUCED
 from agents.muzero.learning import LearnerState
 from podracer import optim
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_one_of
+from podracer.config import ConfigError, check_numbers, require_one_of
 from podracer.types import Array, EnvSpec
 
 OPTIMIZER_HPARAMS = muzero.OPTIMIZER_HPARAMS
@@ -162,9 +162,18 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
                            loss_hparams=LOSS_HPARAMS, agent_name="EfficientZero")
 
 
+# EfficientZero's own number fields and what each must hold (MuZero's: `muzero.validate`).
+NUMBER_FIELDS = {"lstm_size": ("count", 64), "projection_hidden": ("count", 128),
+                 "projection_size": ("count", 128), "augment_shift": ("whole", 4),
+                 "augment_intensity": ("non_negative", 0.05), "lars_eta": ("positive", 1e-3),
+                 "lars_momentum": ("fraction", 0.9), "consistency_cost": ("finite", 2.0),
+                 "refresh_interval": ("whole", 0), "refresh_batch": ("count", 256)}
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first EfficientZero field that cannot work."""
     muzero.validate(config)
+    check_numbers(config, "agent", NUMBER_FIELDS)
     muzero.check_choices(config, {"optimizer": OPTIMIZERS, "consistency_norm": CONSISTENCY_NORMS,
                                   "augment_draws": learning.AUGMENT_DRAWS,
                                   "unroll_gradient_scale": learning.GRADIENT_SCALES})
@@ -181,11 +190,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if not 1 <= config.td_steps_min <= config.td_steps:
         raise ConfigError("agent.td_steps_min", f"is {config.td_steps_min}",
                           f"use 1 .. td_steps ({config.td_steps})")
-    if config.refresh_interval < 0 or config.refresh_batch < 1:
-        raise ConfigError("agent.refresh_interval",
-                          f"is {config.refresh_interval} with refresh_batch "
-                          f"{config.refresh_batch}",
-                          "use refresh_interval >= 0 (0: off) and refresh_batch >= 1")
 
 
 def learn_config(config: ml_collections.ConfigDict) -> learning.LearnConfig:

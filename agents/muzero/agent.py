@@ -31,7 +31,7 @@ from agents.muzero.targets import PAST_END_TARGETS
 from podracer import position_replay as pr
 from podracer import replay_loop
 from podracer.agent import Agent
-from podracer.config import (ConfigError, require_discount, require_one_of,
+from podracer.config import (ConfigError, check_numbers, require_discount, require_one_of,
                               require_positive_number, require_whole)
 from podracer.types import Array, EnvSpec, Metrics, PRNGKey, TimeStep, Trajectory
 
@@ -324,14 +324,38 @@ def check_choices(config: ml_collections.ConfigDict, choices: dict[str, tuple]) 
         require_one_of(f"agent.{field}", config[field], allowed)
 
 
+# The number fields and what each must hold (`podracer.config.check_numbers`), with an example;
+# the agents built on MuZero's config check them too.
+NUMBER_FIELDS = {"batch_size": ("count", 256), "updates_per_step": ("count", 4),
+                 "target_update_interval": ("count", 100), "replay_capacity": ("count", 65_536),
+                 "unroll_steps": ("whole", 5), "min_replay_items": ("whole", 640),
+                 "support_size": ("count", 10), "channels": ("count", 32),
+                 "num_blocks": ("whole", 2), "max_num_considered_actions": ("count", 16),
+                 "dirichlet_fraction": ("fraction", 0.25),
+                 "reanalyse_fraction": ("fraction", 0.0), "dirichlet_alpha": ("positive", 0.3),
+                 "temperature": ("non_negative", 1.0), "learning_rate": ("positive", 3e-3),
+                 "max_grad_norm": ("positive", 5.0), "weight_decay": ("non_negative", 1e-4),
+                 "gumbel_value_scale": ("positive", 0.1), "gumbel_scale": ("non_negative", 1.0),
+                 "gumbel_maxvisit_init": ("non_negative", 50.0),
+                 "priority_exponent": ("non_negative", 0.0),
+                 "importance_exponent": ("non_negative", 1.0),
+                 "importance_anneal_updates": ("whole", 0), "value_cost": ("finite", 1.0)}
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first MuZero field that cannot work: a choice with an
     unknown value, a discount outside [0, 1], no simulations or no TD steps, a Gumbel Q floor
-    that is not positive, a width below 1."""
+    that is not positive, a width below 1, a number field out of its range (`NUMBER_FIELDS`),
+    a warm-up larger than the replay."""
     require_discount(config.discount)
     require_whole("agent.num_simulations", config.num_simulations, 1, 50)
     require_whole("agent.td_steps", config.td_steps, 1, 5)
     require_positive_number("agent.gumbel_q_floor", config.gumbel_q_floor, 0.1)
+    check_numbers(config, "agent", NUMBER_FIELDS)
+    if config.min_replay_items > config.replay_capacity:
+        raise ConfigError("agent.min_replay_items", f"is {config.min_replay_items}, more "
+                          f"positions than the replay holds ({config.replay_capacity})",
+                          "lower it, or raise agent.replay_capacity")
     check_choices(config, {"network": ("auto", *KINDS), "search": SEARCHES,
                            "q_transform": Q_TRANSFORMS,
                            "unvisited_q": UNVISITED_Q, "past_end_targets": PAST_END_TARGETS,

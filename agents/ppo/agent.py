@@ -48,7 +48,8 @@ from agents.hparams import annealed_clipped_adam, replace_hparams
 from agents.popart import PopArtLearnerState, PopArtStats
 from agents.ppo import learning, networks
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_discount, require_fraction, require_one_of
+from podracer.config import (ConfigError, check_numbers, require_discount, require_fraction,
+                              require_one_of)
 from podracer.types import Array, EnvSpec
 
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
@@ -125,10 +126,19 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
                            loss_hparams=LOSS_HPARAMS, agent_name="PPO")
 
 
+# The number fields and what each must hold (`podracer.config.check_numbers`), with an example.
+NUMBER_FIELDS = {"learning_rate": ("positive", 2.5e-4), "adam_eps": ("non_negative", 1e-5),
+                 "max_grad_norm": ("positive", 0.5), "value_clip_eps": ("non_negative", 0.2),
+                 "clip_rho_threshold": ("positive", 1.0), "value_cost": ("finite", 0.5),
+                 "entropy_cost": ("finite", 0.01), "gaussian_entropy_cost": ("finite", 0.0),
+                 "anneal_lr_updates": ("whole", 0)}
+
+
 def _check_config(config: ml_collections.ConfigDict) -> None:
     require_one_of("agent.off_policy", config.off_policy, OFF_POLICY)
     require_discount(config.discount)
     require_fraction("agent.gae_lambda", config.gae_lambda, 0.95)
+    check_numbers(config, "agent", NUMBER_FIELDS)
     clip = config.clip_eps
     if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0:
         raise ConfigError("agent.clip_eps", f"must be a number > 0, got {clip!r}",

@@ -21,7 +21,7 @@ from agents.hparams import annealed_clipped_adam, replace_hparams
 from agents.pqn import learning
 from agents.pqn.learning import LearnConfig, LearnerState
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_discount, require_one_of
+from podracer.config import ConfigError, check_numbers, require_discount, require_one_of
 from podracer.types import Array, EnvSpec, PRNGKey
 
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
@@ -70,6 +70,13 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
                            loss_hparams=LOSS_HPARAMS, agent_name="PQN")
 
 
+# The number fields and what each must hold (`podracer.config.check_numbers`), with an example.
+NUMBER_FIELDS = {"learning_rate": ("positive", 1e-4), "adam_eps": ("non_negative", 1e-5),
+                 "max_grad_norm": ("positive", 10.0), "epsilon_start": ("fraction", 1.0),
+                 "epsilon_end": ("fraction", 0.05), "reward_scale": ("positive", 1.0),
+                 "lambda_": ("fraction", 0.65)}
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first field of a PQN config that cannot work."""
     require_one_of("agent.torso", config.torso, networks.TORSOS)
@@ -79,6 +86,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                                     ("epsilon_anneal_steps", 0, 200),
                                     ("anneal_lr_updates", 0, 0)):
         dqn_agent.check_whole(config, field, minimum, example)
+    check_numbers(config, "agent", NUMBER_FIELDS)
     if not config.reward_scale > 0.0:
         raise ConfigError("agent.reward_scale", f"must be > 0, got {config.reward_scale}",
                           "set --config.agent.reward_scale=1.0")

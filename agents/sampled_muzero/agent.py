@@ -28,7 +28,7 @@ from agents.sampled_muzero import learning
 from agents.sampled_muzero.networks import action_bounds, make_network, squash, to_env
 from agents.sampled_muzero.search import root_samples, run_search
 from podracer.agent import Agent
-from podracer.config import ConfigError
+from podracer.config import ConfigError, check_numbers
 from podracer.types import DiscreteSpec, EnvSpec, Metrics, PRNGKey, Trajectory
 
 OPTIMIZER_HPARAMS = muzero.OPTIMIZER_HPARAMS
@@ -87,6 +87,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0:
         raise ConfigError("agent.sampling_temperature", f"must be a number > 0, got {tau!r}",
                           "set 1.0 (beta = pi) or e.g. 2.0 (samples spread wider)")
+    check_numbers(config, "agent", {"log_std_min": ("finite", -5.0),
+                                    "log_std_max": ("finite", 2.0),
+                                    "entropy_cost": ("non_negative", 0.0)})
     if not config.log_std_min < config.log_std_max:
         raise ConfigError("agent.log_std_min",
                           f"is {config.log_std_min}, not below log_std_max "

@@ -92,10 +92,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     sizes = config.encoder_hidden_sizes
     if sizes is not None:
         try:
-            muzero_sizes = [int(s) for s in sizes]
-        except (TypeError, ValueError):
-            muzero_sizes = []
-        if not muzero_sizes or min(muzero_sizes) < 1:
+            widths = list(sizes)
+        except TypeError:
+            widths = []
+        if not widths or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
+                                 for s in widths):
             raise ConfigError("agent.encoder_hidden_sizes", f"is {sizes!r}",
                               "use widths >= 1, e.g. (64,), or None for `hidden_sizes`'")
 

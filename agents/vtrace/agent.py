@@ -25,7 +25,8 @@ from agents.hparams import replace_hparams
 from agents.vtrace import learning
 from agents.vtrace.networks import TORSOS, logit_scale, make_network, resolve_torso
 from podracer.agent import Agent
-from podracer.config import ConfigError, require_discount, require_fraction, require_one_of
+from podracer.config import (ConfigError, check_numbers, require_discount, require_fraction,
+                              require_one_of)
 from podracer.types import Array, EnvSpec
 
 # Scalar hyperparameters that live in the learner state as arrays, so that one compiled program
@@ -105,12 +106,21 @@ def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> Learn
                            loss_hparams=LOSS_HPARAMS, agent_name="V-trace")
 
 
+# The number fields and what each must hold (`podracer.config.check_numbers`), with an example.
+NUMBER_FIELDS = {"learning_rate": ("positive", 2e-3), "adam_eps": ("non_negative", 1e-5),
+                 "max_grad_norm": ("positive", 1.0), "clip_rho_threshold": ("positive", 1.0),
+                 "clip_pg_rho_threshold": ("positive", 1.0), "baseline_cost": ("finite", 0.5),
+                 "entropy_cost": ("finite", 0.01), "reward_scale": ("positive", 1.0),
+                 "anneal_lr_updates": ("whole", 0)}
+
+
 def _check_config(config: ml_collections.ConfigDict) -> None:
     require_one_of("agent.torso", config.torso, TORSOS)
     require_one_of("agent.advantage_normalization", config.advantage_normalization,
                    ADVANTAGE_NORMALIZATIONS)
     require_discount(config.discount)
     require_fraction("agent.lambda_", config.lambda_, 1.0)
+    check_numbers(config, "agent", NUMBER_FIELDS)
     popart.check_config(config)
     validate_hidden_sizes(config.hidden_sizes)
     if config.logit_scale is not None and not config.logit_scale > 0.0:

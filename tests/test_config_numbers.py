@@ -1,0 +1,114 @@
+"""Number fields out of their range are refused before anything compiles, naming the field: each
+agent's counts, rates, norms, fractions and loss weights (`podracer.config.check_numbers`), the
+values of an Anakin sweep, Anakin's `env.kwargs` and Sebulba's `env.task`. Each value below was
+accepted before these checks, and then either ran to the end unnoticed or failed while
+compiling with an error naming no field."""
+
+import math
+
+import ml_collections
+import pytest
+from conftest import fail_if_anakin_builds_programs
+
+import sebulba
+from anakin import config as anakin_config
+from experiments.configs import (dqn_catch, efficientzero_catch, muzero_catch, ppo_cartpole,
+                                 pqn_cartpole, sampled_muzero_pendulum,
+                                 sebulba_vtrace_cartpole, stochastic_muzero_catch, vtrace_catch)
+from podracer.config import ConfigError, check_numbers
+
+NAN = math.nan
+
+BAD = [  # (config module, agent field, value): each out of what the field can hold
+    (vtrace_catch, "max_grad_norm", -1.0),  # flips the gradient
+    (vtrace_catch, "clip_rho_threshold", 0.0),
+    (vtrace_catch, "adam_eps", -1.0),
+    (vtrace_catch, "entropy_cost", NAN),
+    (ppo_cartpole, "value_clip_eps", -1.0),
+    (ppo_cartpole, "max_grad_norm", 0.0),
+    (dqn_catch, "huber_delta", -1.0),
+    (dqn_catch, "priority_exponent", -1.0),
+    (dqn_catch, "epsilon_start", NAN),
+    (pqn_cartpole, "epsilon_start", 1.5),
+    (pqn_cartpole, "max_grad_norm", -1.0),
+    (muzero_catch, "replay_capacity", 0),  # was a bare ValueError from the replay
+    (muzero_catch, "batch_size", 0),  # was "zero-size array to reduction operation max"
+    (muzero_catch, "updates_per_step", -1),  # was an MLIR error naming no field
+    (muzero_catch, "unroll_steps", -1),  # was "integer modulo by zero"
+    (muzero_catch, "reanalyse_fraction", 1.5),
+    (muzero_catch, "dirichlet_alpha", -1.0),
+    (muzero_catch, "target_update_interval", 0),
+    (muzero_catch, "min_replay_items", 10 ** 7),  # more than the replay holds: never learns
+    (efficientzero_catch, "lstm_size", 0),  # was a ZeroDivisionError in flax's initialiser
+    (efficientzero_catch, "lars_momentum", 1.5),
+    (efficientzero_catch, "refresh_batch", -1),
+    (stochastic_muzero_catch, "encoder_hidden_sizes", (2.5,)),
+    (sampled_muzero_pendulum, "entropy_cost", NAN),
+]
+
+
+@pytest.mark.parametrize("module,field,value", BAD,
+                         ids=[f"{m.__name__.rsplit('.', 1)[1]}-{f}" for m, f, _ in BAD])
+def test_a_number_out_of_range_is_refused_naming_its_field(monkeypatch, module, field, value):
+    fail_if_anakin_builds_programs(monkeypatch)
+    config = module.get_config()
+    with config.agent.ignore_type():
+        config.agent[field] = value
+    with pytest.raises(ConfigError) as info:
+        anakin_config.check(config, 1)
+    assert info.value.field == f"agent.{field}", str(info.value)
+    assert "Fix:" in str(info.value)
+
+
+def test_every_shipped_config_passes_its_number_checks():
+    for module in {m for m, _, _ in BAD}:
+        anakin_config.check(module.get_config(), 1)
+
+
+@pytest.mark.parametrize("kind,good,bad", [
+    ("count", [1, 7], [0, -1, 2.5, True, "3", None]),
+    ("whole", [0, 5], [-1, 0.5, None]),
+    ("positive", [1e-9, 2, math.inf], [0, -1e-9, NAN, True, "1", None]),
+    ("non_negative", [0, 0.0, 3], [-1e-9, NAN, None]),
+    ("fraction", [0, 0.5, 1], [-0.1, 1.1, NAN]),
+    ("finite", [-3.0, 0, 2], [NAN, math.inf, -math.inf, None]),
+])
+def test_check_numbers_kinds(kind, good, bad):
+    for value in good:
+        check_numbers(ml_collections.ConfigDict({"x": value}), "agent", {"x": (kind, 1)})
+    for value in bad:
+        with pytest.raises(ConfigError, match=r"config\.agent\.x: .*Fix: set e\.g\. "
+                                              r"--config\.agent\.x=1"):
+            check_numbers(ml_collections.ConfigDict({"x": value}), "agent", {"x": (kind, 1)})
+    check_numbers(ml_collections.ConfigDict({}), "agent", {"x": (kind, 1)})  # absent: skipped
+
+
+def test_a_swept_value_the_agent_refuses_names_the_sweep(monkeypatch):
+    fail_if_anakin_builds_programs(monkeypatch)
+    config = vtrace_catch.get_config()
+    config.sweep.agent.discount = (0.99, 1.5)  # ran to the end before, with rc 0
+    with pytest.raises(ConfigError) as info:
+        anakin_config.check(config, 1)
+    assert info.value.field == "sweep.agent.discount"
+    assert "run 1's values" in str(info.value) and "agent.discount" in str(info.value)
+    config.sweep.agent.discount = (0.99, 0.9)
+    anakin_config.check(config, 1)
+
+
+def test_an_environment_argument_it_does_not_take_names_env_kwargs(monkeypatch):
+    fail_if_anakin_builds_programs(monkeypatch)
+    config = vtrace_catch.get_config()
+    config.env.kwargs = {"bogus": 1}  # was Catch's own TypeError
+    with pytest.raises(ConfigError) as info:
+        anakin_config.check(config, 1)
+    assert info.value.field == "env.kwargs" and "bogus" in str(info.value)
+
+
+@pytest.mark.parametrize("task", [None, 3, ""])
+def test_a_sebulba_task_that_is_not_a_name_is_refused(task):
+    config = sebulba_vtrace_cartpole.get_config()
+    with config.env.ignore_type():
+        config.env.task = task  # None was an AttributeError from the task parser
+    with pytest.raises(ConfigError) as info:
+        sebulba.validate(config)
+    assert info.value.field == "env.task"
