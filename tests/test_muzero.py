@@ -283,7 +283,7 @@ def test_actor_step_searches_and_returns_a_policy(search):
     config = muzero.default_config()
     config.search = search
     config.num_simulations = 4
-    config.replay_capacity = 8
+    config.replay_capacity, config.min_replay_items = 8, 8
     config.rollout_length = 3
     agent = agents.make(config, SPEC)
     state = agent.init(jax.random.PRNGKey(0), SPEC)
@@ -315,7 +315,7 @@ def test_acting_temperature_follows_the_muzero_papers_schedule():
     # are a most visited one is mean(sum_top w^(1/T) / sum w^(1/T)), from the searches' own w.
     config = muzero.default_config()
     config.num_simulations, config.replay_capacity, config.rollout_length = 4, 8, 3
-    config.temperature_decay_updates = 1000
+    config.min_replay_items, config.temperature_decay_updates = 8, 1000
     agent = agents.make(config, SPEC)
     state = agent.init(jax.random.PRNGKey(0), SPEC)
     b = 4096
@@ -385,7 +385,7 @@ def test_search_entropy_is_the_mean_entropy_of_the_masked_policies():
 
 def test_trajectory_length_must_match_the_replay_segments():
     config = muzero.default_config()
-    config.rollout_length, config.replay_capacity = 5, 8
+    config.rollout_length, config.replay_capacity, config.min_replay_items = 5, 8, 8
     agent = agents.make(config, SPEC)
     state = agent.init(jax.random.PRNGKey(0), SPEC)
     trajectory = _mid_episode_trajectory(t=3, b=2)
@@ -951,7 +951,7 @@ def test_reanalyse_moves_policy_targets_to_the_target_networks_search(reanalyse_
 
 def test_hyperparameters_are_held_in_the_learner_state_and_sweepable():
     config = muzero.default_config()
-    config.rollout_length, config.replay_capacity = 3, 24
+    config.rollout_length, config.replay_capacity, config.min_replay_items = 3, 24, 24
     agent = agents.make(config, SPEC)
     assert set(agent.sweepable) == {"learning_rate", "max_grad_norm", "weight_decay",
                                     "value_cost", "priority_exponent", "importance_exponent"}
@@ -1158,7 +1158,7 @@ def test_rewards_enter_the_replay_multiplied_by_reward_scale():
     spec = EnvSpec(observation=ArraySpec((1,), np.float32), action=DiscreteSpec(3))
     config = muzero.default_config()
     config.rollout_length, config.replay_capacity, config.reward_scale = 4, 12, 10.0
-    config.batch_size, config.min_replay_items = 2, 1000
+    config.batch_size, config.min_replay_items = 2, 12  # more than one add: no update
     agent = agents.make(config, spec)
     state = agent.init(jax.random.PRNGKey(0))
     state, _ = agent.learner_step(state, trajectories[0], jax.random.PRNGKey(1), axis_name=None)

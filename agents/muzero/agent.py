@@ -352,10 +352,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     require_whole("agent.td_steps", config.td_steps, 1, 5)
     require_positive_number("agent.gumbel_q_floor", config.gumbel_q_floor, 0.1)
     check_numbers(config, "agent", NUMBER_FIELDS)
-    if config.min_replay_items > config.replay_capacity:
+    period = config.rollout_length  # the replay holds whole windows of this many positions
+    held = -(-config.replay_capacity // period) * period if period > 0 else None
+    if held is not None and config.min_replay_items > held:
         raise ConfigError("agent.min_replay_items", f"is {config.min_replay_items}, more "
-                          f"positions than the replay holds ({config.replay_capacity})",
-                          "lower it, or raise agent.replay_capacity")
+                          f"positions than each device's replay holds ({held}): the learner "
+                          "would never start", "lower it, or raise agent.replay_capacity")
     check_choices(config, {"network": ("auto", *KINDS), "search": SEARCHES,
                            "q_transform": Q_TRANSFORMS,
                            "unvisited_q": UNVISITED_Q, "past_end_targets": PAST_END_TARGETS,
