@@ -76,28 +76,6 @@ def _require_finite_number(field: str, value: Any, example: float) -> None:
                           f"set e.g. --config.{field}={example}")
 
 
-# What each kind of number field must hold (`check_numbers`).
-NUMBER_KINDS = {
-    "count": _require_whole_at_least(1),  # a whole number >= 1: sizes, batch sizes, intervals
-    "whole": _require_whole_at_least(0),  # a whole number >= 0
-    "positive": lambda field, value, example: require_positive_number(field, value, example),
-    "non_negative": _require_non_negative_number,
-    "fraction": lambda field, value, example: require_fraction(field, value, example),
-    "finite": _require_finite_number,  # any real number: loss weights, bounds
-}
-
-
-def check_numbers(config: ml_collections.ConfigDict, prefix: str,
-                  rules: Mapping[str, tuple[str, Any]]) -> None:
-    """Checks the number fields `rules` names, {field: (kind, example)} with a kind of
-    `NUMBER_KINDS`, in `config` (whose fields errors name as `prefix.field`, e.g.
-    "agent.batch_size"); a field `config` lacks is skipped, so agents built on another's
-    config share one table."""
-    for name, (kind, example) in rules.items():
-        if name in config:
-            NUMBER_KINDS[kind](f"{prefix}.{name}", config[name], example)
-
-
 def require_choice(config: ml_collections.ConfigDict, field: str, choices: Iterable[Any]) -> None:
     require_one_of(field, get(config, field), choices)
 
@@ -130,6 +108,28 @@ def _require_unit_interval(field: str, value: Any, fix: str) -> None:
 def require_fraction(field: str, value: Any, example: float) -> None:
     """`value` (the config's `field`, dotted) is a number in [0, 1], such as a lambda."""
     _require_unit_interval(field, value, f"set e.g. --config.{field}={example}")
+
+
+# What each kind of number field must hold (`check_numbers`).
+NUMBER_KINDS = {
+    "count": _require_whole_at_least(1),  # a whole number >= 1: sizes, batch sizes, intervals
+    "whole": _require_whole_at_least(0),  # a whole number >= 0
+    "positive": require_positive_number,
+    "non_negative": _require_non_negative_number,
+    "fraction": require_fraction,
+    "finite": _require_finite_number,  # any real number: loss weights, bounds
+}
+
+
+def check_numbers(config: ml_collections.ConfigDict, prefix: str,
+                  rules: Mapping[str, tuple[str, Any]]) -> None:
+    """Checks the number fields `rules` names, {field: (kind, example)} with a kind of
+    `NUMBER_KINDS`, in `config` (whose fields errors name as `prefix.field`, e.g.
+    "agent.batch_size"); a field `config` lacks is skipped, so agents built on another's
+    config share one table."""
+    for name, (kind, example) in rules.items():
+        if name in config:
+            NUMBER_KINDS[kind](f"{prefix}.{name}", config[name], example)
 
 
 def require_discount(value: Any, field: str = "agent.discount") -> None:

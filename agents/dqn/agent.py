@@ -117,10 +117,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if config.head == "c51" and not config.v_min < config.v_max:
         raise ConfigError("agent.v_min", f"must be below agent.v_max ({config.v_min} >= "
                           f"{config.v_max})", "set e.g. v_min=-10, v_max=10")
-    for field in ("epsilon_start", "epsilon_end"):
-        if not 0.0 <= config[field] <= 1.0:
-            raise ConfigError(f"agent.{field}", f"must be a probability, got {config[field]}",
-                              "use a value in [0, 1]")
     if config.warmup < config.batch_size:
         raise ConfigError("agent.warmup", f"is {config.warmup}, fewer positions than one "
                           f"batch of {config.batch_size}",

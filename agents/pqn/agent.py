@@ -21,7 +21,7 @@ from agents.hparams import annealed_clipped_adam, replace_hparams
 from agents.pqn import learning
 from agents.pqn.learning import LearnConfig, LearnerState
 from podracer.agent import Agent
-from podracer.config import ConfigError, check_numbers, require_discount, require_one_of
+from podracer.config import check_numbers, require_discount, require_one_of
 from podracer.types import Array, EnvSpec, PRNGKey
 
 OPTIMIZER_HPARAMS = ("learning_rate", "adam_eps", "max_grad_norm")
@@ -87,12 +87,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
                                     ("anneal_lr_updates", 0, 0)):
         dqn_agent.check_whole(config, field, minimum, example)
     check_numbers(config, "agent", NUMBER_FIELDS)
-    if not config.reward_scale > 0.0:
-        raise ConfigError("agent.reward_scale", f"must be > 0, got {config.reward_scale}",
-                          "set --config.agent.reward_scale=1.0")
-    if not 0.0 <= config.lambda_ <= 1.0:
-        raise ConfigError("agent.lambda_", f"must be in [0, 1], got {config.lambda_}",
-                          "set e.g. --config.agent.lambda_=0.65")
 
 
 INTRODUCED = MappingProxyType({})

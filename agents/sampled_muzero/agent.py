@@ -94,9 +94,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("agent.log_std_min",
                           f"is {config.log_std_min}, not below log_std_max "
                           f"{config.log_std_max}", "set e.g. -5.0 and 2.0")
-    if config.entropy_cost < 0:
-        raise ConfigError("agent.entropy_cost", f"is {config.entropy_cost}",
-                          "use 0.0 (off) or a positive weight, e.g. 0.005")
 
 
 # What the agent chose for its fields left to it: MuZero's network, widths, frames once.

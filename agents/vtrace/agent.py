@@ -127,12 +127,6 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("agent.logit_scale", f"must be > 0, got {config.logit_scale}",
                           "set --config.agent.logit_scale=1.0 (logits as the head computes them), "
                           "or leave it None for 64 / the MLP's width")
-    if not config.reward_scale > 0.0:
-        raise ConfigError("agent.reward_scale", f"must be > 0, got {config.reward_scale}",
-                          "set --config.agent.reward_scale=1.0")
-    if config.anneal_lr_updates < 0:
-        raise ConfigError("agent.anneal_lr_updates", f"must be >= 0, got "
-                          f"{config.anneal_lr_updates}", "use 0 for a constant step size")
 
 
 def learn_config(config: ml_collections.ConfigDict) -> learning.LearnConfig:
