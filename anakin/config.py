@@ -201,6 +201,13 @@ class Checked:
     config: ml_collections.ConfigDict | None = None
 
 
+# The run's number fields, {field: (kind, example)} (`podracer.config.NUMBER_KINDS`).
+RUN_NUMBERS = {"rollout_length": ("count", 16), "updates_per_chunk": ("count", 50),
+               "total_env_steps": ("count", 2_000_000), "num_envs": ("whole", 32),
+               "num_devices": ("whole", 0), "env.max_episode_steps": ("whole", 0),
+               "seed": ("whole", 0), "agent.learning_rate": ("positive", 3e-4)}
+
+
 def check(config: ml_collections.ConfigDict, num_available_devices: int,
           machine: Machine | None = None) -> Checked:
     """Checks `config` (a bad field raises `ConfigError`, naming it and the fix) and returns
@@ -221,10 +228,8 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int,
     cfg.require_known_fields(config, default_config(), whose="Anakin's config",
                              lists="anakin.default_config()", skip=("agent",))
     agents.require_known_fields(config.agent)
-    cfg.require_positive(config, "rollout_length", "updates_per_chunk",
-                         "total_env_steps", "agent.learning_rate")
+    cfg.require_numbers(config, RUN_NUMBERS)
     cfg.require_rollout_length_tied(config)
-    cfg.require_non_negative(config, "num_envs", "num_devices", "env.max_episode_steps", "seed")
     frame_stack = config.env.get("frame_stack", 1)
     if not isinstance(frame_stack, int) or isinstance(frame_stack, bool) or frame_stack < 1:
         raise cfg.ConfigError("env.frame_stack", f"must be an integer >= 1, got {frame_stack!r}",

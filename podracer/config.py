@@ -33,27 +33,11 @@ def get(config: ml_collections.ConfigDict, field: str) -> Any:
     return node
 
 
-def _require_positive(field: str, value: Any, fix: str) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ConfigError(field, f"must be a positive number, got {value!r}", fix)
-
-
-def require_positive(config: ml_collections.ConfigDict, *fields: str) -> None:
-    for field in fields:
-        _require_positive(field, get(config, field), f"set --config.{field} to a value > 0")
-
-
 def require_positive_number(field: str, value: Any, example: float) -> None:
     """`value` (the config's `field`, dotted) is a number > 0."""
-    _require_positive(field, value, f"set e.g. --config.{field}={example}")
-
-
-def require_non_negative(config: ml_collections.ConfigDict, *fields: str) -> None:
-    for field in fields:
-        value = get(config, field)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise ConfigError(field, f"must be >= 0, got {value!r}",
-                              f"set --config.{field} to a value >= 0")
+    if not _is_number(value) or not value > 0:  # NaN fails too
+        raise ConfigError(field, f"must be a positive number, got {value!r}",
+                          f"set e.g. --config.{field}={example}")
 
 
 def _is_number(value: Any) -> bool:
@@ -130,6 +114,15 @@ def check_numbers(config: ml_collections.ConfigDict, prefix: str,
     for name, (kind, example) in rules.items():
         if name in config:
             NUMBER_KINDS[kind](f"{prefix}.{name}", config[name], example)
+
+
+def require_numbers(config: ml_collections.ConfigDict,
+                    rules: Mapping[str, tuple[str, Any]]) -> None:
+    """Checks the number fields `rules` names, {dotted field: (kind, example)} with a kind of
+    `NUMBER_KINDS`: a runner's sizes, counts and seed, each of which its config must hold (a
+    missing one is a `ConfigError` too)."""
+    for field, (kind, example) in rules.items():
+        NUMBER_KINDS[kind](field, get(config, field), example)
 
 
 def require_discount(value: Any, field: str = "agent.discount") -> None:
@@ -310,12 +303,17 @@ def require_rollout_length_tied(config: ml_collections.ConfigDict) -> None:
             "set config.agent.rollout_length = config.get_ref('rollout_length')")
 
 
+# The least value each field of `RUN_OPTION_DEFAULTS` takes: 1 where 0 would mean nothing
+# (keeping no checkpoint, evaluating no episode or no step), 0 where 0 means "never" or "XLA's
+# choice".
+_RUN_OPTION_MINIMUM = {"checkpoint_keep": 1, "eval_episodes": 1, "eval_max_steps": 1}
+
+
 def _whole_run_option(config: ml_collections.ConfigDict, field: str) -> int:
-    """`config.<field>` of `RUN_OPTION_DEFAULTS`, checked to be a whole number >= 0."""
+    """`config.<field>` of `RUN_OPTION_DEFAULTS`, checked to be a whole number at least its
+    minimum."""
     value = run_option(config, field)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(field, f"must be a whole number >= 0, got {value!r}",
-                          f"set --config.{field} to an integer >= 0")
+    require_whole(field, value, _RUN_OPTION_MINIMUM.get(field, 0), RUN_OPTION_DEFAULTS[field])
     return value
 
 
@@ -327,9 +325,6 @@ def cpu_worker_threads(config: ml_collections.ConfigDict) -> int:
 
 def validate_run_options(config: ml_collections.ConfigDict) -> None:
     """The checkpoint, evaluation and worker-thread fields: whole numbers >= 0, and >= 1 where
-    0 means nothing (keeping no checkpoint, evaluating no episode or no step)."""
+    0 means nothing."""
     for field in RUN_OPTION_DEFAULTS:
         _whole_run_option(config, field)
-    for field in ("checkpoint_keep", "eval_episodes", "eval_max_steps"):
-        if run_option(config, field) == 0:
-            raise ConfigError(field, "must be >= 1, got 0", f"set --config.{field} >= 1")

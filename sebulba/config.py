@@ -251,6 +251,13 @@ def _device_ids(config: ml_collections.ConfigDict, field: str, num_local: int) -
     return ids
 
 
+# The run's number fields, {field: (kind, example)} (`podracer.config.NUMBER_KINDS`).
+RUN_NUMBERS = {"rollout_length": ("count", 32), "total_env_steps": ("count", 500_000),
+               "queue_size": ("count", 1), "log_every_updates": ("count", 20),
+               "timeout_s": ("positive", 300.0), "seed": ("whole", 0),
+               "policy_lag": ("whole", 1), "agent.learning_rate": ("positive", 3e-4)}
+
+
 def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = None,
              num_processes: int | None = None, machine: Machine | None = None) -> Topology:
     """Checks `config` and returns the topology the run will use, its sizes left to the machine
@@ -269,10 +276,8 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
                              lists="sebulba.default_config()", skip=("agent",))
     agents.require_known_fields(config.agent)
     config, sizes = resolved(config, machine)
-    cfg.require_positive(config, "rollout_length", "total_env_steps", "queue_size",
-                         "log_every_updates", "timeout_s", "agent.learning_rate")
+    cfg.require_numbers(config, RUN_NUMBERS)
     cfg.require_rollout_length_tied(config)
-    cfg.require_non_negative(config, "seed", "policy_lag")
     cfg.require_choice(config, "staleness", STALENESS)
     cfg.validate_run_options(config)  # checkpoint_* and eval_*
 

@@ -23,7 +23,7 @@ def _set(config, key, value):
 @pytest.mark.parametrize(
     "overrides, field, says",
     [
-        ({"checkpoint_every_updates": -1}, "checkpoint_every_updates", "integer >= 0"),
+        ({"checkpoint_every_updates": -1}, "checkpoint_every_updates", "whole number >= 0"),
         ({"checkpoint_keep": 0}, "checkpoint_keep", ">= 1"),
         ({"eval_max_steps": 0}, "eval_max_steps", ">= 1"),
         ({"eval_episodes": 0}, "eval_episodes", ">= 1"),

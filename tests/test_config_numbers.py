@@ -1,6 +1,7 @@
 """Number fields out of their range are refused before anything compiles, naming the field: each
 agent's counts, rates, norms, fractions and loss weights (`podracer.config.check_numbers`), the
-values of an Anakin sweep, Anakin's `env.kwargs` and Sebulba's `env.task`. Each value below was
+values of an Anakin sweep, the runners' sizes, counts and seeds (`require_numbers`), Anakin's
+`env.kwargs` and Sebulba's `env.task`. Each value below was
 accepted before these checks, and then either ran to the end unnoticed or failed while
 compiling with an error naming no field."""
 
@@ -112,3 +113,49 @@ def test_a_sebulba_task_that_is_not_a_name_is_refused(task):
     with pytest.raises(ConfigError) as info:
         sebulba.validate(config)
     assert info.value.field == "env.task"
+
+
+# A runner's counts set to a float or a negative number (as a config built from a dict, or
+# `ignore_type`, lets through): the old checks took any number > 0 (or >= 0), and the float then
+# reached a shape or a step count.
+ANAKIN_BAD = [("rollout_length", 16.0), ("updates_per_chunk", 50.0), ("total_env_steps", 1e6),
+              ("num_envs", 32.0), ("num_devices", 1.0), ("env.max_episode_steps", -1),
+              ("seed", 0.5)]
+SEBULBA_BAD = [("rollout_length", 32.0), ("queue_size", 1.5), ("log_every_updates", 2.5),
+               ("policy_lag", 1.0), ("seed", -1)]
+
+
+def _set_ignoring_type(config, field, value):
+    *parents, name = field.split(".")
+    for parent in parents:
+        config = config[parent]
+    with config.ignore_type():
+        config[name] = value
+
+
+@pytest.mark.parametrize("field,value", ANAKIN_BAD, ids=[f for f, _ in ANAKIN_BAD])
+def test_an_anakin_count_that_is_not_whole_is_refused(monkeypatch, field, value):
+    fail_if_anakin_builds_programs(monkeypatch)
+    config = vtrace_catch.get_config()
+    _set_ignoring_type(config, field, value)
+    with pytest.raises(ConfigError, match="must be a whole number") as info:
+        anakin_config.check(config, 1)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("field,value", SEBULBA_BAD, ids=[f for f, _ in SEBULBA_BAD])
+def test_a_sebulba_count_that_is_not_whole_is_refused(field, value):
+    config = sebulba_vtrace_cartpole.get_config()
+    _set_ignoring_type(config, field, value)
+    with pytest.raises(ConfigError, match="must be a whole number") as info:
+        sebulba.validate(config, num_local_devices=1, num_processes=1)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("field", ["checkpoint_keep", "eval_episodes", "eval_max_steps"])
+def test_a_negative_keep_or_episode_count_names_the_least_value_allowed(field):
+    """-1 was refused as "must be a whole number >= 0", and 0 then as "must be >= 1"."""
+    config = vtrace_catch.get_config()
+    config[field] = -1
+    with pytest.raises(ConfigError, match=r"must be a whole number >= 1, got -1"):
+        anakin_config.check(config, 1)

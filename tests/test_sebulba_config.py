@@ -49,8 +49,8 @@ def test_shipped_configs_are_valid():
     ({"env.task": "Pendulum-v1"}, "env.task", ["continuous actions"]),
     ({"staleness": "stale"}, "staleness", ["fixed", "latest"]),
     ({"policy_lag": -1}, "policy_lag", [">= 0"]),
-    ({"queue_size": 0}, "queue_size", ["positive"]),
-    ({"rollout_length": 0}, "rollout_length", ["positive"]),
+    ({"queue_size": 0}, "queue_size", ["whole number >= 1"]),
+    ({"rollout_length": 0}, "rollout_length", ["whole number >= 1"]),
     ({"agent.name": "ddqn_nstep"}, "agent.name", ["vtrace"]),
     # Checkpoints and evaluation.
     ({"checkpoint_every_updates": -1}, "checkpoint_every_updates", [">= 0", "-1"]),
