@@ -180,6 +180,22 @@ def _small_pqn() -> ml_collections.ConfigDict:
 
 
 @pytest.mark.optimised
+def test_more_minibatches_than_transitions_names_num_minibatches():
+    """2 environments x T=2 give 4 transitions per learner step: 8 minibatches of them would
+    be empty (the loss of none is NaN), and the run stops before its first update."""
+    import anakin
+
+    config = anakin.default_config()
+    config.agent = _small_pqn()
+    config.agent.num_minibatches = 8
+    config.env.name = "catch"
+    config.num_envs, config.rollout_length, config.updates_per_chunk = 2, 2, 1
+    config.total_env_steps, config.num_devices = 4, 1
+    with pytest.raises(ConfigError, match=r"config\.agent\.num_minibatches: 8 minibatches of "
+                                          r"the 4 transitions .* Fix: use at most 4"):
+        anakin.train(config)
+
+
 def test_pqn_learns_catch_under_anakin():
     import anakin
 

@@ -26,6 +26,7 @@ import optax
 from agents.dqn.learning import apply_gradients
 from agents.dqn.losses import q_lambda_targets
 from agents.dqn.networks import QNetwork
+from podracer.config import ConfigError
 from podracer.types import Array, Metrics, Params, PRNGKey, Trajectory
 
 
@@ -73,8 +74,9 @@ def learner_step(network: QNetwork, optimizer: optax.GradientTransformation,
                  learn: LearnConfig, state: LearnerState, trajectory: Trajectory,
                  key: PRNGKey, *, axis_name: str | None) -> tuple[LearnerState, Metrics]:
     """`Agent.learner_step`: Q(lambda) targets, then `num_epochs` x `num_minibatches`
-    updates (each epoch's permutation from `key`). Metrics are averaged over the updates and
-    over `axis_name`."""
+    updates (each epoch's permutation from `key`; a remainder of the T x B transitions that
+    does not divide is left out of that epoch). Metrics are averaged over the updates and
+    over `axis_name`. Raises `ConfigError` when there are fewer transitions than minibatches."""
     hp = state.hparams
     g = targets(network, state.params, trajectory, gamma=hp["discount"], lambda_=hp["lambda_"],
                 reward_scale=hp["reward_scale"])
@@ -83,6 +85,12 @@ def learner_step(network: QNetwork, optimizer: optax.GradientTransformation,
             _flat(trajectory.transition_mask()))
     n = data[1].shape[0]
     size = n // learn.num_minibatches
+    if size == 0:
+        raise ConfigError(
+            "agent.num_minibatches",
+            f"{learn.num_minibatches} minibatches of the {n} transitions (T x environments) "
+            "each learner device receives would be empty",
+            f"use at most {n}, or change rollout_length or the number of environments")
 
     def minibatch(carry, idx):
         params, opt_state = carry
