@@ -96,9 +96,11 @@ def check_config(config) -> None:
     if not isinstance(config.popart, bool):
         raise ConfigError("agent.popart", f"must be True or False, got {config.popart!r}",
                           "set --config.agent.popart=True")
-    if not 0.0 < config.popart_step_size <= 1.0:
+    step_size = config.popart_step_size
+    if (not isinstance(step_size, (int, float)) or isinstance(step_size, bool)
+            or not 0.0 < step_size <= 1.0):
         raise ConfigError("agent.popart_step_size",
-                          f"must lie in (0, 1], got {config.popart_step_size}",
+                          f"must be a number in (0, 1], got {step_size!r}",
                           "set --config.agent.popart_step_size=1e-3")
     if "popart_average_first" in config and not isinstance(config.popart_average_first, bool):
         raise ConfigError("agent.popart_average_first",

@@ -159,3 +159,29 @@ def test_a_negative_keep_or_episode_count_names_the_least_value_allowed(field):
     config[field] = -1
     with pytest.raises(ConfigError, match=r"must be a whole number >= 1, got -1"):
         anakin_config.check(config, 1)
+
+
+# Fields whose None is a documented setting (`latent_size`: the observations' default width).
+NONE_ALLOWED = {"latent_size"}
+SHIPPED = [vtrace_catch, ppo_cartpole, dqn_catch, pqn_cartpole, muzero_catch,
+           efficientzero_catch, stochastic_muzero_catch, sampled_muzero_pendulum]
+
+
+@pytest.mark.parametrize("module", SHIPPED, ids=[m.__name__.rsplit(".", 1)[1] for m in SHIPPED])
+def test_every_number_field_set_to_none_or_text_is_refused_naming_it(monkeypatch, module):
+    """Each number field of each shipped agent config, set to None (a YAML `null`) or to
+    text: a ConfigError naming that field (the agent's `rollout_length` names the runner's,
+    which it is tied to). Some were a bare TypeError from a comparison inside a check."""
+    fail_if_anakin_builds_programs(monkeypatch)
+    fields = [name for name, value in module.get_config().agent.items()
+              if isinstance(value, (int, float)) and not isinstance(value, bool)]
+    assert len(fields) >= 8, fields
+    for name in fields:
+        for value in ({"x"} if name in NONE_ALLOWED else {None, "x"}):
+            config = module.get_config()
+            with config.agent.ignore_type():
+                config.agent[name] = value
+            with pytest.raises(ConfigError) as info:
+                anakin_config.check(config, 1)
+            expected = "rollout_length" if name == "rollout_length" else f"agent.{name}"
+            assert info.value.field == expected, (name, value, str(info.value))

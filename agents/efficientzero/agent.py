@@ -167,7 +167,10 @@ NUMBER_FIELDS = {"lstm_size": ("count", 64), "projection_hidden": ("count", 128)
                  "projection_size": ("count", 128), "augment_shift": ("whole", 4),
                  "augment_intensity": ("non_negative", 0.05), "lars_eta": ("positive", 1e-3),
                  "lars_momentum": ("fraction", 0.9), "consistency_cost": ("finite", 2.0),
-                 "refresh_interval": ("whole", 0), "refresh_batch": ("count", 256)}
+                 "refresh_interval": ("whole", 0), "refresh_batch": ("count", 256),
+                 "value_prefix_horizon": ("count", 5),
+                 "consistency_warmup_updates": ("whole", 4000),
+                 "td_age_interval": ("whole", 30000), "td_steps_min": ("count", 1)}
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -177,17 +180,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     muzero.check_choices(config, {"optimizer": OPTIMIZERS, "consistency_norm": CONSISTENCY_NORMS,
                                   "augment_draws": learning.AUGMENT_DRAWS,
                                   "unroll_gradient_scale": learning.GRADIENT_SCALES})
-    if config.value_prefix and config.value_prefix_horizon < 1:
-        raise ConfigError("agent.value_prefix_horizon", f"is {config.value_prefix_horizon}",
-                          "use at least 1 (the paper: 5)")
-    if config.consistency_warmup_updates < 0:
-        raise ConfigError("agent.consistency_warmup_updates",
-                          f"is {config.consistency_warmup_updates}",
-                          "use 0 (off) or a number of learner updates")
-    if config.td_age_interval < 0:
-        raise ConfigError("agent.td_age_interval", f"is {config.td_age_interval}",
-                          "use 0 (off) or a number of environment steps (the paper: 30000)")
-    if not 1 <= config.td_steps_min <= config.td_steps:
+    if config.td_steps_min > config.td_steps:
         raise ConfigError("agent.td_steps_min", f"is {config.td_steps_min}",
                           f"use 1 .. td_steps ({config.td_steps})")
 

@@ -339,7 +339,8 @@ NUMBER_FIELDS = {"batch_size": ("count", 256), "updates_per_step": ("count", 4),
                  "gumbel_maxvisit_init": ("non_negative", 50.0),
                  "priority_exponent": ("non_negative", 0.0),
                  "importance_exponent": ("non_negative", 1.0),
-                 "importance_anneal_updates": ("whole", 0), "value_cost": ("finite", 1.0)}
+                 "importance_anneal_updates": ("whole", 0), "value_cost": ("finite", 1.0),
+                 "temperature_decay_updates": ("whole", 8000)}
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -385,10 +386,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("agent.terminal_head_gradient", f"must be in [0, 1], got {share!r}",
                           "set 1.0 (the head's whole gradient reaches h and g), 0.0 (none: a "
                           "readout) or a share between")
-    if config.temperature_decay_updates < 0:
-        raise ConfigError("agent.temperature_decay_updates",
-                          f"is {config.temperature_decay_updates}",
-                          "use a number of learner updates, or 0 for a constant `temperature`")
 
 
 def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
