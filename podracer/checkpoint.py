@@ -306,6 +306,7 @@ class Checkpointer:
         """Loads `step` shaped like `target` (arrays or `jax.ShapeDtypeStruct`s, with the
         shardings to place it with), or raises if it is unreadable or does not verify."""
         ocp = self._ocp
+        _drop_closed_loop_callbacks()
         restored = self._manager.restore(
             step,
             args=ocp.args.Composite(
@@ -414,6 +415,36 @@ class Preemption:
         from jax.experimental import multihost_utils
 
         return bool(np.any(multihost_utils.process_allgather(np.int32(local))))
+
+
+def _drop_closed_loop_callbacks() -> None:
+    """Keeps the leftovers of orbax's failed reads off stderr. When tensorstore cannot read a
+    damaged checkpoint, orbax's restore raises and closes its event loop while the step's other
+    reads are still in flight. Each of those, on completing, calls back into the closed loop,
+    and Python prints a "RuntimeError: Event loop is closed" traceback for every one (about a
+    hundred for a small state); each of orbax's read coroutines left unfinished raises again
+    when it is closed ("Exception ignored in: <coroutine object ...>"). Both come after the
+    damage was reported and handled. This wraps `sys.unraisablehook` (once: not again while the
+    wrapper is in place) to drop exactly those two; everything else reaches the hook as before."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_orbax_read_leftovers", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if not _orbax_read_leftover(unraisable):
+            previous(unraisable)
+
+    hook.drops_orbax_read_leftovers = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+def _orbax_read_leftover(unraisable: Any) -> bool:
+    error = unraisable.exc_value
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        return True
+    code = getattr(unraisable.object, "cr_code", None)  # a coroutine's
+    return (code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+            and isinstance(getattr(error, "__cause__", None), GeneratorExit))
 
 
 def read_metadata(directory: str, step: int | None = None) -> dict[str, Any] | None:

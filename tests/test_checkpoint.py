@@ -6,6 +6,8 @@ import glob
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import zlib
 
@@ -13,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import garble_arrays
+from conftest import ROOT, garble_arrays
 from jax.sharding import NamedSharding, PartitionSpec
 
 from podracer import replication
@@ -146,9 +148,6 @@ def _delete_arrays(step_dir):
     shutil.rmtree(os.path.join(step_dir, "state"))
 
 
-# orbax leaves a callback behind when tensorstore fails to read garbled files; it reports
-# "Event loop is closed" at exit, after the failure was handled.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage", [garble_arrays, _flip_a_byte, _truncate_arrays,
                                     _forge_fingerprint, _unknown_fingerprint, _truncate_metadata,
                                     _delete_arrays])
@@ -170,6 +169,40 @@ def test_corrupt_latest_is_detected_and_the_previous_one_used(tmp_path, mesh, da
         again = checkpointer.restore_latest(_state(mesh))
     assert again.step == 2
     _assert_identical(again.state, _state(mesh, offset=2.5))
+
+
+_RESTORE_A_GARBLED_STEP = """
+import glob, os, sys
+import jax.numpy as jnp
+from podracer.checkpoint import Checkpointer
+
+directory = sys.argv[1]
+state = {f"w{i}": jnp.full((8, 8), float(i)) for i in range(256)}  # reads left in flight
+with Checkpointer(directory) as checkpointer:
+    checkpointer.save(1, state, {})
+    checkpointer.save(2, state, {})
+for path in glob.glob(os.path.join(directory, "2", "state", "d", "*")):
+    with open(path, "r+b") as f:
+        data = f.read()
+        f.seek(0)
+        f.write(bytes(b ^ 0xA5 for b in data))
+with Checkpointer(directory) as checkpointer:
+    print("restored step", checkpointer.restore_latest(state).step)
+"""
+
+
+def test_a_garbled_step_leaves_no_closed_loop_tracebacks_on_stderr(tmp_path):
+    """A damaged step is reported once (a warning naming the step). orbax's reads still in
+    flight when its restore failed printed a "RuntimeError: Event loop is closed" traceback
+    each, in a process of its own as a run is: 143 to 207 of them for this state of 256
+    arrays (64 arrays: 75 to 114, but not in every run under the tests' environment; 12: none)."""
+    proc = subprocess.run([sys.executable, "-c", _RESTORE_A_GARBLED_STEP, str(tmp_path / "c")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "restored step 1" in proc.stdout
+    assert "Checkpoint step 2" in proc.stderr and "unusable" in proc.stderr
+    assert "Event loop is closed" not in proc.stderr, proc.stderr[-3000:]
+    assert "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_every_step_corrupt_means_no_checkpoint(tmp_path, mesh):
