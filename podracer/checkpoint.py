@@ -306,7 +306,7 @@ class Checkpointer:
         """Loads `step` shaped like `target` (arrays or `jax.ShapeDtypeStruct`s, with the
         shardings to place it with), or raises if it is unreadable or does not verify."""
         ocp = self._ocp
-        _drop_closed_loop_callbacks()
+        _drop_orbax_read_leftovers()
         restored = self._manager.restore(
             step,
             args=ocp.args.Composite(
@@ -417,7 +417,7 @@ class Preemption:
         return bool(np.any(multihost_utils.process_allgather(np.int32(local))))
 
 
-def _drop_closed_loop_callbacks() -> None:
+def _drop_orbax_read_leftovers() -> None:
     """Keeps the leftovers of orbax's failed reads off stderr. When tensorstore cannot read a
     damaged checkpoint, orbax's restore raises and closes its event loop while the step's other
     reads are still in flight. Each of those, on completing, calls back into the closed loop,
