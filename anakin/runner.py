@@ -117,6 +117,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         chunk_fn = (_compile(programs, plan, state,
                              checkpoints=session.checkpoint_dir is not None)
                     if start.chunks < plan.num_chunks else None)
+        session.start_checkpointer()
         compile_seconds = time.perf_counter() - started - restore_seconds
         records = _open_records(session, plan, start)
         run_info = _run_info(plan, programs, start)

@@ -3,8 +3,10 @@
     session = RunSession.open(workdir)     # after validation, before compiling: checks the
                                            # workdir and locks it (process 0 of the run)
     point = session.find_resume_point(...) # metadata only; a refused run changes nothing
-    ... build and compile ...
-    restored = session.restore(target, checkpoint_keep=...)  # the checkpointer, then the state
+    ... build ...
+    restored = session.restore(target, checkpoint_keep=...)  # the checkpoint's state, if any
+    ... compile ...
+    session.start_checkpointer()           # makes <workdir>/checkpoints if it is missing
     records = session.open_records(...)    # config files, metrics.jsonl, TensorBoard
     session.print_resume(...)              # says where a resumed run continues from
     ... the runner's host loop ...
@@ -19,7 +21,10 @@ the file's content names the holder (host, process id, start time, command line)
 on a workdir whose lock is held exits before compiling (`WorkdirLockedError`, status 2 from the
 command line), names the holder, and changes nothing. A lock file left by a process that died
 is taken over, and the run says so. A multi-process run locks once, from process 0, and every
-process learns the outcome from process 0 (a broadcast), so all of them stop together.
+process learns the outcome from process 0 (a broadcast), so all of them stop together. A
+workdir the lock had to make is removed again when the lock is released if it is still empty:
+a run refused while it compiles (an agent's `ConfigError` raised as its step is traced) leaves
+no trace of itself.
 
 Where `flock` is not supported (some network filesystems), the lock falls back to the process
 id in the file: a holder on this host is alive while its process exists; a holder on another
@@ -178,15 +183,17 @@ def _locked_message(workdir: str, holder: dict[str, Any], extra: str = "") -> st
 class WorkdirLock:
     """This process's hold on `<workdir>/run.lock` (see the module docstring)."""
 
-    def __init__(self, path: str, fd: int, previous: dict[str, Any]):
+    def __init__(self, path: str, fd: int, previous: dict[str, Any], made: bool = False):
         self.path = path
         self._fd: int | None = fd
         self.previous = previous  # what a dead holder left in the file ({} if none)
+        self.made = made  # whether the workdir was made for this lock
 
     @classmethod
     def acquire(cls, workdir: str) -> WorkdirLock:
         """Locks `workdir` (made if missing) or raises `WorkdirLockedError` naming the live
         holder, having changed nothing."""
+        made = not os.path.isdir(workdir)
         os.makedirs(workdir, exist_ok=True)
         path = os.path.join(workdir, LOCK_FILE)
         while True:
@@ -219,7 +226,7 @@ class WorkdirLock:
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, (json.dumps(me) + "\n").encode())
         os.fsync(fd)
-        lock = cls(path, fd, previous)
+        lock = cls(path, fd, previous, made)
         if previous:
             print(f"Took over the lock on {workdir} left by a run that is no longer running "
                   f"({_describe(previous)}).", flush=True)
@@ -241,7 +248,8 @@ class WorkdirLock:
         raise WorkdirLockedError(_locked_message(workdir, holder, extra), holder)
 
     def release(self) -> None:
-        """Removes the lock file and drops the lock (idempotent)."""
+        """Removes the lock file and drops the lock (idempotent); then the workdir too, if it
+        was made for this lock and nothing else was written in it."""
         if self._fd is None:
             return
         try:
@@ -250,6 +258,11 @@ class WorkdirLock:
             pass
         os.close(self._fd)
         self._fd = None
+        if self.made:
+            try:
+                os.rmdir(os.path.dirname(self.path))  # only ever removes an empty directory
+            except OSError:
+                pass
 
     @property
     def held(self) -> bool:
@@ -301,6 +314,7 @@ class RunSession:
         self.point: ResumePoint | None = None
         self.checkpoint_close_seconds = 0.0
         self._resume_args: dict[str, Any] = {}
+        self._checkpoint_keep = 1
 
     @classmethod
     def open(cls, workdir: str | None) -> RunSession:
@@ -324,15 +338,27 @@ class RunSession:
         return self.point
 
     def restore(self, target: Any, *, checkpoint_keep: int) -> Restored | None:
-        """Starts the (asynchronous) checkpointer and restores the resume point found before
-        (or, if it proves damaged, an older one) into the shape of `target`."""
-        if self.checkpoint_dir is None:
+        """Restores the resume point found before (or, if it proves damaged, an older one)
+        into the shape of `target`, with the (asynchronous) checkpointer it starts. Where the
+        workdir has no checkpoints directory yet, nothing is started or made here:
+        `start_checkpointer`, called once the run's programs have compiled, makes it."""
+        self._checkpoint_keep = checkpoint_keep
+        if self.checkpoint_dir is None or not os.path.isdir(self.checkpoint_dir):
             return None
-        self.checkpointer = Checkpointer(self.checkpoint_dir, max_to_keep=checkpoint_keep,
-                                         asynchronous=True)
+        self.start_checkpointer()
         restored, self.point = workdir_lib.restore(self.checkpointer, self.point, target,
                                                    **self._resume_args)
         return restored
+
+    def start_checkpointer(self) -> Checkpointer | None:
+        """The run's checkpointer, started (its directory made) on the first call after
+        `restore`: a run refused while its programs compile leaves no checkpoints directory
+        behind. None without a workdir."""
+        if self.checkpoint_dir is not None and self.checkpointer is None:
+            self.checkpointer = Checkpointer(self.checkpoint_dir,
+                                             max_to_keep=self._checkpoint_keep,
+                                             asynchronous=True)
+        return self.checkpointer
 
     @property
     def changes(self) -> dict[str, tuple[Any, Any]]:

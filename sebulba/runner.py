@@ -163,6 +163,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         if start.updates >= plan.num_updates:
             return _already_done(plan, session, run, start, run_info, init_seconds)
         compiled = _compile(plan, mesh, run)
+        session.start_checkpointer()
         compile_seconds = init_seconds + compiled.seconds
         records = _open_records(session, plan, start, run_info)
         if plan.is_main:

@@ -64,7 +64,19 @@ def test_a_lock_is_exclusive_and_released_with_its_file(tmp_path):
         WorkdirLock.acquire(workdir)  # flock is per open file: this process's second try too
     lock.release()
     assert not os.path.exists(os.path.join(workdir, LOCK_FILE))
+    assert not os.path.exists(workdir)  # made for the lock and left empty: removed with it
     WorkdirLock.acquire(workdir).release()  # free again
+    # A workdir that was there before the lock stays, even empty; one the lock made stays
+    # once something else is written in it.
+    os.makedirs(workdir)
+    WorkdirLock.acquire(workdir).release()
+    assert os.listdir(workdir) == []
+    os.rmdir(workdir)
+    lock = WorkdirLock.acquire(workdir)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        f.write("{}\n")
+    lock.release()
+    assert os.listdir(workdir) == ["metrics.jsonl"]
 
 
 def test_a_second_live_run_is_refused_naming_the_first_and_damages_nothing(tmp_path):

@@ -354,3 +354,25 @@ def test_a_locked_workdir_is_refused_before_compiling_and_left_untouched(tmp_pat
     finally:
         held.release()
     assert not os.path.exists(os.path.join(workdir, LOCK_FILE))
+
+
+def test_a_run_refused_as_its_learner_step_traces_leaves_no_trace_in_its_workdir(tmp_path):
+    # The same under Sebulba: PPO's minibatch count must divide the 8 x 12 = 96 transitions a
+    # learner device receives, which it checks when the learner's update is traced.
+    from agents import ppo
+    from podracer.config import ConfigError
+
+    config = _config(actor_device_ids=(0,), learner_device_ids=(0,))
+    config.agent = ppo.default_config()
+    config.agent.num_minibatches = 7
+    fresh = str(tmp_path / "fresh")
+    with pytest.raises(ConfigError, match="agent.num_minibatches.* does not divide the 96"):
+        sebulba.train(config, fresh)
+    assert not os.path.exists(fresh)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    before = snapshot(str(kept))
+    with pytest.raises(ConfigError, match="agent.num_minibatches"):
+        sebulba.train(config, str(kept))
+    assert snapshot(str(kept)) == before

@@ -444,3 +444,31 @@ def test_the_cli_refuses_a_changed_config_with_status_2_and_one_message(finished
     assert "Traceback" not in err
     assert "compiled" not in out  # refused before compiling
     assert snapshot(workdir) == before
+
+
+def test_a_run_refused_as_its_learner_step_traces_leaves_no_trace_in_its_workdir(tmp_path):
+    # PPO refuses a minibatch count that does not divide the transitions a learner device
+    # receives (here T = 10 x 8 environments = 80) when its learner step is traced, after the
+    # workdir is locked: the workdir it made is gone again, an existing one is left as it was
+    # (no empty checkpoints/ directory), and a rerun there with a fixed config starts afresh.
+    from agents import ppo
+
+    def config(num_minibatches):
+        config = _config()
+        config.agent = ppo.default_config()
+        config.agent.num_minibatches = num_minibatches
+        return config
+
+    fresh = str(tmp_path / "fresh")
+    with pytest.raises(ConfigError, match="agent.num_minibatches.* does not divide the 80"):
+        anakin.train(config(7), fresh)
+    assert not os.path.exists(fresh)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    before = snapshot(str(kept))
+    with pytest.raises(ConfigError, match="agent.num_minibatches"):
+        anakin.train(config(7), str(kept))
+    assert snapshot(str(kept)) == before
+    anakin.train(config(4), str(kept))
+    assert checkpoint_steps(str(kept)) == [10, 20]
