@@ -231,10 +231,9 @@ def check(config: ml_collections.ConfigDict, num_available_devices: int,
     cfg.require_numbers(config, RUN_NUMBERS)
     cfg.require_rollout_length_tied(config)
     frame_stack = config.env.get("frame_stack", 1)
-    if not isinstance(frame_stack, int) or isinstance(frame_stack, bool) or frame_stack < 1:
-        raise cfg.ConfigError("env.frame_stack", f"must be an integer >= 1, got {frame_stack!r}",
-                              "set --config.env.frame_stack=4 to stack the 4 newest "
-                              "observations, or 1 for none")
+    cfg.require_whole("env.frame_stack", frame_stack, 1, 4,
+                      fix="set --config.env.frame_stack=4 to stack the 4 newest observations, "
+                      "or 1 for none")
     cfg.validate_run_options(config)
     num_devices = config.num_devices or num_available_devices
     if num_devices > num_available_devices:

@@ -1,7 +1,9 @@
 """Config validation helpers: one place that turns a bad `ConfigDict` into a clear error.
 
 Runners validate their whole config once, before anything is compiled or started, with these
-helpers; every error names the offending field and says how to fix it.
+helpers; every error names the offending field and says how to fix it. The few checks that need
+the shapes a learner step is traced with (a minibatch count against the transitions a device
+receives) raise the same `ConfigError` from the agent's step as the runner compiles.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ def get(config: ml_collections.ConfigDict, field: str) -> Any:
     return node
 
 
-def require_positive_number(field: str, value: Any, example: float) -> None:
-    """`value` (the config's `field`, dotted) is a number > 0."""
+def require_positive_number(field: str, value: Any, example: float,
+                            fix: str | None = None) -> None:
+    """`value` (the config's `field`, dotted) is a number > 0; `fix` replaces the suggestion
+    to set `example`."""
     if not _is_number(value) or not value > 0:  # NaN fails too
         raise ConfigError(field, f"must be a positive number, got {value!r}",
-                          f"set e.g. --config.{field}={example}")
+                          fix or f"set e.g. --config.{field}={example}")
 
 
 def _is_number(value: Any) -> bool:
@@ -77,11 +81,13 @@ def require_one_of(field: str, value: Any, choices: Iterable[Any], also: str = "
                       f"use one of: {', '.join(map(repr, choices))}{also}")
 
 
-def require_whole(field: str, value: Any, minimum: int, example: int) -> None:
-    """`value` (the config's `field`, dotted) is a whole number >= `minimum`."""
+def require_whole(field: str, value: Any, minimum: int, example: int,
+                  fix: str | None = None) -> None:
+    """`value` (the config's `field`, dotted) is a whole number >= `minimum`; `fix` replaces
+    the suggestion to set `example`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(field, f"must be a whole number >= {minimum}, got {value!r}",
-                          f"set e.g. --config.{field}={example}")
+                          fix or f"set e.g. --config.{field}={example}")
 
 
 def _require_unit_interval(field: str, value: Any, fix: str) -> None:

@@ -306,9 +306,8 @@ def validate(config: ml_collections.ConfigDict, num_local_devices: int | None = 
 def _env_batches(config: ml_collections.ConfigDict) -> int:
     """`config.env.batches`, checked: a whole number >= 1 (1 when the config predates it)."""
     batches = config.env.get("batches", 1)
-    if not isinstance(batches, int) or isinstance(batches, bool) or batches < 1:
-        raise cfg.ConfigError("env.batches", f"must be a whole number >= 1, got {batches!r}",
-                              "use 1 (one batch per actor thread) or 2 (two, stepped in turn)")
+    cfg.require_whole("env.batches", batches, 1, 1,
+                      fix="use 1 (one batch per actor thread) or 2 (two, stepped in turn)")
     return batches
 
 
@@ -317,10 +316,8 @@ def _stepping(config: ml_collections.ConfigDict, kind: str) -> host_env.Stepping
     num_workers = config.env.get("num_workers", 0)
     mode = config.env.get("autoreset_mode", "next_step")
     if kind == "gymnasium":
-        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
-            raise cfg.ConfigError("env.num_workers", f"must be an integer >= 0, got "
-                                  f"{num_workers!r}", "use 0 (step in the actor thread) or a "
-                                  "number of worker processes")
+        cfg.require_whole("env.num_workers", num_workers, 0, 0,
+                          fix="use 0 (step in the actor thread) or a number of worker processes")
         if mode not in host_env.AUTORESET_MODES:
             raise cfg.ConfigError("env.autoreset_mode", f"{mode!r} is not an autoreset mode",
                                   f"use one of {host_env.AUTORESET_MODES}")

@@ -27,7 +27,7 @@ def _set(config, key, value):
         ({"checkpoint_keep": 0}, "checkpoint_keep", ">= 1"),
         ({"eval_max_steps": 0}, "eval_max_steps", ">= 1"),
         ({"eval_episodes": 0}, "eval_episodes", ">= 1"),
-        ({"env.frame_stack": 0}, "env.frame_stack", "integer >= 1"),
+        ({"env.frame_stack": 0}, "env.frame_stack", "whole number >= 1"),
         ({"cpu_worker_threads": -1}, "cpu_worker_threads", "whole number >= 0"),
         ({"sweep.seeds": (0, -1)}, "sweep.seeds", "seeds >= 0"),
         ({"sweep.agent.hidden_sizes": ((8,), (16,))}, "sweep.agent.hidden_sizes",

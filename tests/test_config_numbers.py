@@ -185,3 +185,28 @@ def test_every_number_field_set_to_none_or_text_is_refused_naming_it(monkeypatch
                 anakin_config.check(config, 1)
             expected = "rollout_length" if name == "rollout_length" else f"agent.{name}"
             assert info.value.field == expected, (name, value, str(info.value))
+
+
+@pytest.mark.parametrize("field, value, fix", [
+    ("env.batches", 0, "use 1 (one batch per actor thread) or 2 (two, stepped in turn)"),
+    ("agent.support_bins", 1, "(steps of 0.1 for S = 10), or leave it None"),
+    ("agent.logit_scale", 0.0, "logit_scale=1.0 (logits as the head computes them)"),
+    ("agent.num_samples", 0, "num_samples=20 (the paper's)"),
+])
+def test_a_field_checked_by_the_shared_helpers_keeps_its_own_fix(field, value, fix):
+    """Fields once checked by hand, now by `require_whole` and `require_positive_number`:
+    the message is the helpers' and the fix still says what the value means."""
+    from experiments.configs import sebulba_vtrace_cartpole
+
+    module = {"env.batches": sebulba_vtrace_cartpole, "agent.support_bins": muzero_catch,
+              "agent.logit_scale": vtrace_catch, "agent.num_samples": sampled_muzero_pendulum}
+    config = module[field].get_config()
+    group, name = field.split(".")
+    config[group][name] = value
+    with pytest.raises(ConfigError, match="must be a") as info:
+        if field == "env.batches":
+            sebulba.validate(config, num_local_devices=1, num_processes=1)
+        else:
+            anakin_config.check(config, 1)
+    assert info.value.field == field
+    assert f"got {value!r}. Fix: " in str(info.value) and fix in str(info.value)

@@ -90,7 +90,7 @@ def test_every_builtin_agent_refuses_an_unknown_value_of_every_choice_field(name
 @pytest.mark.parametrize("name, field, value, says", [
     ("vtrace", "lambda_", 1.5, "must be a number in [0, 1], got 1.5"),
     ("ppo", "gae_lambda", -0.5, "must be a number in [0, 1], got -0.5"),
-    ("ppo", "clip_eps", -0.2, "must be a number > 0, got -0.2"),
+    ("ppo", "clip_eps", -0.2, "must be a positive number, got -0.2"),
     ("muzero", "num_simulations", 0, "must be a whole number >= 1, got 0"),
     ("gumbel_muzero", "num_simulations", 0, "must be a whole number >= 1, got 0"),
     ("efficientzero", "td_steps", 0, "must be a whole number >= 1, got 0"),

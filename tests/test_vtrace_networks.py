@@ -99,7 +99,7 @@ def test_logit_scale_multiplies_the_policy_logits_and_nothing_else():
 def test_a_logit_scale_that_is_not_positive_names_the_field(scale):
     config = agents.default_config("vtrace")
     config.logit_scale = scale
-    with pytest.raises(ConfigError, match=r"config\.agent\.logit_scale: must be > 0"):
+    with pytest.raises(ConfigError, match=r"config\.agent\.logit_scale: must be a positive number"):
         agents.make(config, MINATAR_SPEC)
 
 

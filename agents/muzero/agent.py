@@ -366,21 +366,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
                            "target_positions": learning.TARGET_POSITIONS,
                            "store_frames_once": ("auto", "on", "off")})
     validate_hidden_sizes(config.hidden_sizes)
-    latent = config.latent_size
-    if latent is not None and (not isinstance(latent, int) or isinstance(latent, bool)
-                               or latent < 1):
-        raise ConfigError("agent.latent_size", f"must be a width >= 1, got {latent!r}",
-                          "set e.g. --config.agent.latent_size=128, or leave it None for the "
-                          "observations' default")
-    bins = config.support_bins
-    if bins is not None and (not isinstance(bins, int) or isinstance(bins, bool) or bins < 2):
-        raise ConfigError("agent.support_bins", f"must be a count >= 2, got {bins!r}",
-                          "set e.g. --config.agent.support_bins=201 (steps of 0.1 for S = 10),"
-                          " or leave it None for one bin per integer")
-    scale = config.reward_scale
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-        raise ConfigError("agent.reward_scale", f"must be a number > 0, got {scale!r}",
-                          "set e.g. --config.agent.reward_scale=1.0 (rewards as they are)")
+    if config.latent_size is not None:
+        require_whole("agent.latent_size", config.latent_size, 1, 128,
+                      fix="set e.g. --config.agent.latent_size=128, or leave it None for the "
+                      "observations' default")
+    if config.support_bins is not None:
+        require_whole("agent.support_bins", config.support_bins, 2, 201,
+                      fix="set e.g. --config.agent.support_bins=201 (steps of 0.1 for S = 10), "
+                      "or leave it None for one bin per integer")
+    require_positive_number("agent.reward_scale", config.reward_scale, 1.0,
+                            fix="set e.g. --config.agent.reward_scale=1.0 (rewards as they are)")
     share = config.get("terminal_head_gradient", 1.0)
     if not isinstance(share, (int, float)) or not 0 <= share <= 1:  # (True, False: 1, 0)
         raise ConfigError("agent.terminal_head_gradient", f"must be in [0, 1], got {share!r}",

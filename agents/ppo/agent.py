@@ -131,7 +131,8 @@ NUMBER_FIELDS = {"learning_rate": ("positive", 2.5e-4), "adam_eps": ("non_negati
                  "max_grad_norm": ("positive", 0.5), "value_clip_eps": ("non_negative", 0.2),
                  "clip_rho_threshold": ("positive", 1.0), "value_cost": ("finite", 0.5),
                  "entropy_cost": ("finite", 0.01), "gaussian_entropy_cost": ("finite", 0.0),
-                 "anneal_lr_updates": ("whole", 0)}
+                 "anneal_lr_updates": ("whole", 0), "clip_eps": ("positive", 0.2),
+                 "num_epochs": ("count", 4), "num_minibatches": ("count", 4)}
 
 
 def _check_config(config: ml_collections.ConfigDict) -> None:
@@ -139,10 +140,6 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
     require_discount(config.discount)
     require_fraction("agent.gae_lambda", config.gae_lambda, 0.95)
     check_numbers(config, "agent", NUMBER_FIELDS)
-    clip = config.clip_eps
-    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0:
-        raise ConfigError("agent.clip_eps", f"must be a number > 0, got {clip!r}",
-                          "set e.g. --config.agent.clip_eps=0.2")
     if config.activation is not None:
         require_one_of("agent.activation", config.activation, sorted(networks.ACTIVATIONS),
                        also=", or leave it None for the observations' default")
@@ -150,17 +147,10 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
     require_one_of("agent.advantage_normalization", config.advantage_normalization,
                    ADVANTAGE_NORMALIZATIONS)
     require_one_of("agent.torso", config.torso, networks.TORSOS)
-    for field in ("num_epochs", "num_minibatches"):
-        if not isinstance(config[field], int) or config[field] < 1:
-            raise ConfigError(f"agent.{field}", f"must be a whole number >= 1, got "
-                              f"{config[field]!r}", f"set --config.agent.{field}=4")
     popart.check_config(config)
     if not isinstance(config.flat_optimizer, bool):
         raise ConfigError("agent.flat_optimizer", f"must be True or False, got "
                           f"{config.flat_optimizer!r}", "set --config.agent.flat_optimizer=True")
-    if config.anneal_lr_updates < 0:
-        raise ConfigError("agent.anneal_lr_updates", f"must be >= 0, got "
-                          f"{config.anneal_lr_updates}", "use 0 for a constant step size")
 
 
 def learn_config(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> learning.LearnConfig:

@@ -28,7 +28,7 @@ from agents.sampled_muzero import learning
 from agents.sampled_muzero.networks import action_bounds, make_network, squash, to_env
 from agents.sampled_muzero.search import root_samples, run_search
 from podracer.agent import Agent
-from podracer.config import ConfigError, check_numbers
+from podracer.config import ConfigError, check_numbers, require_positive_number, require_whole
 from podracer.types import DiscreteSpec, EnvSpec, Metrics, PRNGKey, Trajectory
 
 OPTIMIZER_HPARAMS = muzero.OPTIMIZER_HPARAMS
@@ -79,14 +79,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("agent.reanalyse_fraction", f"is {config.reanalyse_fraction}; "
                           "Reanalyse would need fresh samples stored with its policy targets",
                           "use 0.0")
-    k = config.num_samples
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ConfigError("agent.num_samples", f"must be a count >= 1, got {k!r}",
-                          "set e.g. --config.agent.num_samples=20 (the paper's)")
-    tau = config.sampling_temperature
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0:
-        raise ConfigError("agent.sampling_temperature", f"must be a number > 0, got {tau!r}",
-                          "set 1.0 (beta = pi) or e.g. 2.0 (samples spread wider)")
+    require_whole("agent.num_samples", config.num_samples, 1, 20,
+                  fix="set e.g. --config.agent.num_samples=20 (the paper's)")
+    require_positive_number("agent.sampling_temperature", config.sampling_temperature, 1.0,
+                            fix="set 1.0 (beta = pi) or e.g. 2.0 (samples spread wider)")
     check_numbers(config, "agent", {"log_std_min": ("finite", -5.0),
                                     "log_std_max": ("finite", 2.0),
                                     "entropy_cost": ("non_negative", 0.0)})

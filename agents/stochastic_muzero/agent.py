@@ -29,7 +29,7 @@ from agents.stochastic_muzero.networks import (
 )
 from agents.stochastic_muzero.search import run_search
 from podracer.agent import Agent
-from podracer.config import ConfigError
+from podracer.config import ConfigError, check_numbers, require_whole
 from podracer.types import Array, EnvSpec
 
 OPTIMIZER_HPARAMS = muzero.OPTIMIZER_HPARAMS
@@ -80,15 +80,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
                           "use 'muzero' (PUCT): mctx's stochastic search has no Gumbel variant")
     muzero.check_choices(config, {"encoder_input": ENCODER_INPUTS,
                                   "encoder_output": ENCODER_OUTPUTS})
-    chance = config.num_chance_outcomes
-    if not isinstance(chance, int) or isinstance(chance, bool) or chance < 1:
-        raise ConfigError("agent.num_chance_outcomes", f"must be a count >= 1, got {chance!r}",
-                          "set e.g. --config.agent.num_chance_outcomes=8 (the paper: 32)")
-    for field in ("afterstate_value_cost", "chance_cost", "commitment_cost"):
-        value = config[field]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"agent.{field}", f"must be a number >= 0, got {value!r}",
-                              "set a weight such as 1.0 (0 turns the term off)")
+    require_whole("agent.num_chance_outcomes", config.num_chance_outcomes, 1, 8,
+                  fix="set e.g. --config.agent.num_chance_outcomes=8 (the paper: 32)")
+    check_numbers(config, "agent", {"afterstate_value_cost": ("non_negative", 1.0),
+                                    "chance_cost": ("non_negative", 1.0),
+                                    "commitment_cost": ("non_negative", 1.0)})
     sizes = config.encoder_hidden_sizes
     if sizes is not None:
         try:

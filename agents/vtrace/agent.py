@@ -25,8 +25,8 @@ from agents.hparams import replace_hparams
 from agents.vtrace import learning
 from agents.vtrace.networks import TORSOS, logit_scale, make_network, resolve_torso
 from podracer.agent import Agent
-from podracer.config import (ConfigError, check_numbers, require_discount, require_fraction,
-                              require_one_of)
+from podracer.config import (check_numbers, require_discount, require_fraction, require_one_of,
+                              require_positive_number)
 from podracer.types import Array, EnvSpec
 
 # Scalar hyperparameters that live in the learner state as arrays, so that one compiled program
@@ -123,10 +123,10 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
     check_numbers(config, "agent", NUMBER_FIELDS)
     popart.check_config(config)
     validate_hidden_sizes(config.hidden_sizes)
-    if config.logit_scale is not None and not config.logit_scale > 0.0:
-        raise ConfigError("agent.logit_scale", f"must be > 0, got {config.logit_scale}",
-                          "set --config.agent.logit_scale=1.0 (logits as the head computes them), "
-                          "or leave it None for 64 / the MLP's width")
+    if config.logit_scale is not None:
+        require_positive_number("agent.logit_scale", config.logit_scale, 1.0,
+                                fix="set --config.agent.logit_scale=1.0 (logits as the head "
+                                "computes them), or leave it None for 64 / the MLP's width")
 
 
 def learn_config(config: ml_collections.ConfigDict) -> learning.LearnConfig:
