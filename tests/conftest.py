@@ -262,6 +262,25 @@ def snapshot(directory: str) -> dict[str, tuple[int, int, str] | str]:
     return out
 
 
+def assert_a_refused_run_leaves_no_trace(train, tmp_path, error: type[Exception],
+                                         match: str) -> str:
+    """`train(workdir)` raises `error` (matching `match`) on a workdir it must make, which is
+    then gone, and on an existing one holding a file, which it leaves exactly as it was;
+    returns that existing workdir."""
+    fresh = str(tmp_path / "fresh")
+    with pytest.raises(error, match=match):
+        train(fresh)
+    assert not os.path.exists(fresh)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    before = snapshot(str(kept))
+    with pytest.raises(error, match=match):
+        train(str(kept))
+    assert snapshot(str(kept)) == before
+    return str(kept)
+
+
 def fail_if_anakin_builds_programs(monkeypatch) -> None:
     """Makes Anakin building its replicated programs, the first step towards compiling
     them, fail the test: for checks that must come before. The runner's cache of programs is

@@ -21,6 +21,7 @@ import pytest
 from conftest import (
     SMALL_CATCH_STEPS_PER_CHUNK,
     SMALL_CATCH_UPDATES_PER_CHUNK,
+    assert_a_refused_run_leaves_no_trace,
     assert_trees_equal,
     checkpoint_steps,
     garble_arrays,
@@ -459,16 +460,8 @@ def test_a_run_refused_as_its_learner_step_traces_leaves_no_trace_in_its_workdir
         config.agent.num_minibatches = num_minibatches
         return config
 
-    fresh = str(tmp_path / "fresh")
-    with pytest.raises(ConfigError, match="agent.num_minibatches.* does not divide the 80"):
-        anakin.train(config(7), fresh)
-    assert not os.path.exists(fresh)
-    kept = tmp_path / "kept"
-    kept.mkdir()
-    (kept / "notes.txt").write_text("mine")
-    before = snapshot(str(kept))
-    with pytest.raises(ConfigError, match="agent.num_minibatches"):
-        anakin.train(config(7), str(kept))
-    assert snapshot(str(kept)) == before
-    anakin.train(config(4), str(kept))
-    assert checkpoint_steps(str(kept)) == [10, 20]
+    kept = assert_a_refused_run_leaves_no_trace(
+        lambda workdir: anakin.train(config(7), workdir), tmp_path, ConfigError,
+        "agent.num_minibatches.* does not divide the 80")
+    anakin.train(config(4), kept)
+    assert checkpoint_steps(kept) == [10, 20]
