@@ -118,8 +118,9 @@ CAPS_S = {"anakin_catch": 60.0, "muzero_search": 75.0, "muzero_learner": 45.0,
 # Roots per search (the first is the MuZero benchmark's), and Anakin's envs per device.
 SEARCH_ROOTS = (256, 1024, 4096)
 ANAKIN_ENVS = (256, 4096)
-# XLA:GPU runs a while loop from the host: each iteration it launches the condition, copies
-# the predicate back and waits for it, then launches the body. These flags record while loops
+# XLA:GPU runs a while loop from the host: for a loop without a known trip count (mctx's tree
+# walks; scans have one), each iteration it launches the condition, copies the predicate back
+# and waits for it, then launches the body. These flags record while loops
 # and conditionals into the CUDA graph with the kernels around them (CUDA's conditional graph
 # nodes), so a loop's iterations run without the host; a minimum graph size of 1 lets the
 # small loop bodies of a search be recorded too. graph_loops runs its points under them.
