@@ -12,11 +12,12 @@ and checkpoints; compile time is measured separately from run time.
 
 The host loop is pipelined, one chunk deep, so that the devices never wait for the host:
 
-    dispatch chunk 0 (+ its evaluation and checkpoint copy, if due)
+    dispatch chunk 0, then its evaluation and checkpoint copy, if due
     for k = 0, 1, ...:
-        dispatch chunk k + 1 (+ its evaluation and checkpoint copy, if due)
+        dispatch chunk k + 1
         fetch chunk k's metrics (and evaluation) -> log; raise if not finite
         hand chunk k's checkpoint copy to the (asynchronous) checkpointer
+        dispatch chunk k + 1's evaluation and checkpoint copy, if due
         on SIGTERM: finish chunk k + 1 the same way, checkpoint it, stop
 
 What is due on chunk k's result (its evaluation, a copy of its state for a checkpoint) is

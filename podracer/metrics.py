@@ -1,7 +1,8 @@
 """Metrics on the host: `<workdir>/metrics.jsonl` (one JSON object per log step), TensorBoard
 event files beside it, the resolved config as `config.json`/`config.yaml`, and console
 progress (a bar with rate and ETA on a terminal, plain lines otherwise). Values arrive already
-reduced inside the compiled program, once per chunk; nothing here touches devices.
+reduced (Anakin's inside the compiled program, once per chunk; Sebulba's learner averages its
+updates' metrics over each log interval); nothing here touches devices.
 """
 
 from __future__ import annotations

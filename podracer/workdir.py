@@ -6,9 +6,10 @@ The order a runner follows (every process of a multi-process run, in step):
     check_writable(workdir)                    # before compiling: a bad --workdir fails at once
     point = find_resume_point(...)             # reads metadata only; a run that may not resume
                                                # raises ResumeError here and touches nothing
-    ... compile ...
+    ... build ...
     restored = restore(checkpointer, point, target, ...)   # arrays; integrity failures only are
                                                            # set aside, then the previous step
+    ... compile (for the restored state) ...
     records = Records.open(...)                # config.json/yaml, metrics.jsonl, TensorBoard:
                                                # rewound to the checkpoint, or replaced when a
                                                # fresh start follows an attempt that never
@@ -263,7 +264,7 @@ def find_resume_point(directory: str, *, config: dict[str, Any], layout: list[li
 
 
 # ---------------------------------------------------------------------------------------------
-# AFTER COMPILING
+# RESTORING, AND THE RECORDS
 
 
 def restore(checkpointer: Checkpointer, point: ResumePoint | None, target: Any, *,

@@ -53,7 +53,7 @@ def default_config() -> ml_collections.ConfigDict:
     # 2 cores), printed at the start and recorded in config.json as derived.
     config.actor_device_ids = ()  # where the actor threads choose actions
     config.learner_device_ids = ()  # the replicated learner, one shard of each batch each
-    config.actor_threads_per_device = 0  # each with its own envpool batch
+    config.actor_threads_per_device = 0  # each with its own env.batches batches of environments
     config.envs_per_actor_thread = 0  # B; must be divisible by the number of learner devices
     config.rollout_length = 32  # T: steps per trajectory
     config.staleness = "fixed"  # "fixed": exactly policy_lag versions behind | "latest"
@@ -102,7 +102,7 @@ class Sizes:
     learner_device_ids: tuple[int, ...]
     actor_threads_per_device: int
     envs_per_actor_thread: int
-    env_threads: int  # envpool C++ threads per actor thread (config.env.num_threads)
+    env_threads: int  # envpool C++ threads per batch (config.env.num_threads)
     derived: tuple[str, ...] = ()  # the fields of SIZE_FIELDS left to `derive_sizes`
     machine: Machine | None = None  # what they were derived on
 

@@ -8,7 +8,7 @@ the whole run):
                   envpool's, gymnasium's or envs_jax's, see `sebulba.host_env`):
         timestep = env.reset()                               # each batch
         for rollout k = 1, 2, ...:
-            params = store.version(rollout_version(k))       # staleness: sebulba.params
+            params = store.wait_for(rollout_version(k))      # "latest": store.newest()
             repeat T times, for each batch in turn (sebulba.actor):
                 on the host:         timestep = env.recv()   # the step sent before
                 on the actor device: action, extras = actor_step(params, timestep)
