@@ -100,6 +100,47 @@ def test_epsilon_falls_linearly_over_learner_steps_then_stays():
     assert [at(0), at(5), at(10), at(50)] == pytest.approx([1.0, 0.55, 0.1, 0.1])
 
 
+def test_the_step_size_falls_linearly_to_zero_over_anneal_lr_updates():
+    import optax
+
+    config = dqn.default_config()
+    config.learning_rate, config.adam_eps = 0.1, 0.0
+    config.replay_ratio = 2  # two updates per learner step
+    config.anneal_lr_updates = 2  # learner steps
+    optimizer = dqn.make_optimizer(config)
+    params = jnp.zeros(())
+    state = optimizer.init(params)
+    steps = []
+    for _ in range(6):
+        # A constant gradient: Adam's bias-corrected step is exactly 1 before the schedule.
+        updates, state = optimizer.update(jnp.ones(()), state, params)
+        params = optax.apply_updates(params, updates)
+        steps.append(float(-updates))
+    # Learner step 0 at the full rate, learner step 1 at half, then none.
+    np.testing.assert_allclose(steps, [0.1, 0.1, 0.05, 0.05, 0.0, 0.0], rtol=1e-4, atol=1e-9)
+
+
+def test_without_an_anneal_the_optimiser_is_optax_clipped_adam():
+    import optax
+
+    config = dqn.default_config()
+    assert config.anneal_lr_updates == 0
+    config.max_grad_norm = 1.0
+    reference = optax.chain(optax.clip_by_global_norm(1.0),
+                            optax.adam(config.learning_rate, eps=config.adam_eps))
+    optimizer = dqn.make_optimizer(config)
+    params = {"w": jnp.zeros((3,)), "b": jnp.zeros(())}
+    ours, theirs = optimizer.init(params), reference.init(params)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        grads = {"w": jnp.asarray(rng.normal(size=3) * 2, jnp.float32),
+                 "b": jnp.asarray(rng.normal(), jnp.float32)}
+        a, ours = optimizer.update(grads, ours, params)
+        b, theirs = reference.update(grads, theirs, params)
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), a, b)
+        params = optax.apply_updates(params, a)
+
+
 def test_dqn_is_registered_and_passes_the_conformance_check():
     from experiments.conformance import check_agent
 

@@ -24,7 +24,7 @@ import optax
 from agents.actor_critic import chosen_fields, validate_hidden_sizes
 from agents.dqn import learning, networks
 from agents.dqn.learning import LearnConfig, LearnerState
-from agents.hparams import replace_hparams
+from agents.hparams import annealed_clipped_adam, replace_hparams
 from podracer import replay_loop
 from podracer import transition_replay as tr
 from podracer.agent import Agent
@@ -50,7 +50,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.v_min = -10.0  # "c51": the smallest return of the support
     c.v_max = 10.0  # "c51": the largest return of the support
     c.double = True  # Double DQN's action selection by the online network; False: plain DQN
-    c.learning_rate = 5e-4  # Adam step size
+    c.learning_rate = 5e-4  # Adam step size at the start
+    # Learner steps over which the step size falls linearly to 0; 0: constant. Configs tie it
+    # to the run length with field references (as PQN's `anneal_lr_updates`).
+    c.anneal_lr_updates = 0
     c.adam_eps = 1e-5  # Adam's epsilon
     c.max_grad_norm = 10.0  # each update's gradient is clipped to this global norm
     c.huber_delta = 1.0  # the TD loss is Huber with this delta; 0: squared error / 2
@@ -70,12 +73,12 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """Global-norm clipping then Adam, with its hyperparameters held in the optimiser state."""
-    def clipped_adam(learning_rate, adam_eps, max_grad_norm):
-        return optax.chain(optax.clip_by_global_norm(max_grad_norm),
-                           optax.adam(learning_rate, eps=adam_eps))
-
-    return optax.inject_hyperparams(clipped_adam)(
+    """Global-norm clipping then Adam, the step size annealed linearly to 0 over
+    `anneal_lr_updates` learner steps (of `replay_ratio` updates each; constant when 0), with
+    its hyperparameters held in the optimiser state."""
+    return annealed_clipped_adam(
+        steps_per_update=int(config.replay_ratio),
+        anneal_updates=int(config.anneal_lr_updates),
         **{name: float(config[name]) for name in OPTIMIZER_HPARAMS})
 
 
@@ -111,7 +114,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
                                     ("replay_ratio", 1, 1), ("warmup", 0, 1000),
                                     ("replay_capacity", 1, 100_000),
                                     ("target_update_interval", 1, 100),
-                                    ("epsilon_anneal_steps", 0, 1000), ("num_atoms", 2, 51)):
+                                    ("epsilon_anneal_steps", 0, 1000), ("num_atoms", 2, 51),
+                                    ("anneal_lr_updates", 0, 0)):
         check_whole(config, field, minimum, example)
     check_numbers(config, "agent", NUMBER_FIELDS)
     if config.head == "c51" and not config.v_min < config.v_max:
