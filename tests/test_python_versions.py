@@ -5,7 +5,8 @@ run on 3.12.1 and 3.13.0: docs/benchmarks.md, "Test suite"). For each newer vers
 resolves the pins of pyproject.toml (the main dependencies and the `test` extra) as it would
 on that Python (`--python-version`), from binary wheels only: a pin without a wheel for it would
 mean a source build on the user's runtime, which is what breaks. Nothing is installed
-(`--dry-run`). This needs a package index: without one the test fails and says so.
+(`--dry-run`), with the venv's pip, the test extra's pin. This needs a package index: without
+one the test fails and says so.
 
 One exception: bsuite publishes only a source archive. It is pure Python (checked: the
 installed copy was built as a `py3-none-any` wheel with no compiled files), so it builds
