@@ -392,6 +392,22 @@ def garble_arrays(step_dir: str) -> None:
             f.write(bytes(b ^ 0xA5 for b in data))
 
 
+def step_sizes_under_a_constant_gradient(optimizer, updates: int) -> list[float]:
+    """The size of each of `updates` steps that `optimizer` takes on a scalar whose gradient is
+    always 1. Adam's bias-corrected step is then exactly 1 before any schedule (with
+    `adam_eps` 0), so each size is the step size the schedule sets at that update."""
+    import optax
+
+    params = jnp.zeros(())
+    state = optimizer.init(params)
+    sizes = []
+    for _ in range(updates):
+        step, state = optimizer.update(jnp.ones(()), state, params)
+        params = optax.apply_updates(params, step)
+        sizes.append(float(-step))
+    return sizes
+
+
 # ---------------------------------------------------------------------------------------------
 # pytest-xdist: how many workers `-n auto` (pyproject's addopts) starts.
 

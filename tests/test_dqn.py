@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import step_sizes_under_a_constant_gradient
 import rlax
 
 import agents
@@ -101,23 +102,14 @@ def test_epsilon_falls_linearly_over_learner_steps_then_stays():
 
 
 def test_the_step_size_falls_linearly_to_zero_over_anneal_lr_updates():
-    import optax
-
     config = dqn.default_config()
     config.learning_rate, config.adam_eps = 0.1, 0.0
     config.replay_ratio = 2  # two updates per learner step
     config.anneal_lr_updates = 2  # learner steps
     optimizer = dqn.make_optimizer(config)
-    params = jnp.zeros(())
-    state = optimizer.init(params)
-    steps = []
-    for _ in range(6):
-        # A constant gradient: Adam's bias-corrected step is exactly 1 before the schedule.
-        updates, state = optimizer.update(jnp.ones(()), state, params)
-        params = optax.apply_updates(params, updates)
-        steps.append(float(-updates))
     # Learner step 0 at the full rate, learner step 1 at half, then none.
-    np.testing.assert_allclose(steps, [0.1, 0.1, 0.05, 0.05, 0.0, 0.0], rtol=1e-4, atol=1e-9)
+    np.testing.assert_allclose(step_sizes_under_a_constant_gradient(optimizer, 6),
+                               [0.1, 0.1, 0.05, 0.05, 0.0, 0.0], rtol=1e-4, atol=1e-9)
 
 
 def test_without_an_anneal_the_optimiser_is_optax_clipped_adam():

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import ml_collections
 import pytest
+from conftest import step_sizes_under_a_constant_gradient
 
 import agents
 from agents import pqn
@@ -80,24 +81,15 @@ def test_targets_use_the_rewards_times_reward_scale():
 
 
 def test_the_step_size_falls_linearly_to_zero_over_anneal_lr_updates():
-    import optax
-
     config = pqn.default_config()
     config.learning_rate = 0.1
     config.adam_eps = 0.0
     config.num_epochs, config.num_minibatches = 1, 2  # two updates per learner step
     config.anneal_lr_updates = 2  # learner steps
     optimizer = pqn.make_optimizer(config)
-    params = jnp.zeros(())
-    state = optimizer.init(params)
-    steps = []
-    for _ in range(6):
-        # A constant gradient: Adam's bias-corrected step is exactly 1 before the schedule.
-        updates, state = optimizer.update(jnp.ones(()), state, params)
-        params = optax.apply_updates(params, updates)
-        steps.append(float(-updates))
     # Learner step 0 at the full rate, learner step 1 at half, then none.
-    np.testing.assert_allclose(steps, [0.1, 0.1, 0.05, 0.05, 0.0, 0.0], rtol=1e-4, atol=1e-9)
+    np.testing.assert_allclose(step_sizes_under_a_constant_gradient(optimizer, 6),
+                               [0.1, 0.1, 0.05, 0.05, 0.0, 0.0], rtol=1e-4, atol=1e-9)
 
 
 def _layer_norm(x, scale, bias, eps=1e-6):
