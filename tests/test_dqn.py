@@ -112,7 +112,7 @@ def test_the_step_size_falls_linearly_to_zero_over_anneal_lr_updates():
                                [0.1, 0.1, 0.05, 0.05, 0.0, 0.0], rtol=1e-4, atol=1e-9)
 
 
-def test_without_an_anneal_the_optimiser_is_optax_clipped_adam():
+def test_without_an_anneal_the_optimiser_is_optax_clipped_adam_with_the_earlier_state():
     import optax
 
     config = dqn.default_config()
@@ -123,6 +123,12 @@ def test_without_an_anneal_the_optimiser_is_optax_clipped_adam():
     optimizer = dqn.make_optimizer(config)
     params = {"w": jnp.zeros((3,)), "b": jnp.zeros(())}
     ours, theirs = optimizer.init(params), reference.init(params)
+    # The state of the optimiser before `anneal_lr_updates` existed, which earlier checkpoints
+    # hold: that chain with its hyperparameters injected, and no schedule count.
+    earlier = optax.inject_hyperparams(lambda learning_rate, adam_eps, max_grad_norm: optax.chain(
+        optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate, eps=adam_eps)))(
+        learning_rate=1e-3, adam_eps=1e-5, max_grad_norm=1.0)
+    assert (jax.tree.structure(ours) == jax.tree.structure(earlier.init(params))), ours
     rng = np.random.default_rng(0)
     for _ in range(5):
         grads = {"w": jnp.asarray(rng.normal(size=3) * 2, jnp.float32),

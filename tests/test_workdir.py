@@ -25,6 +25,7 @@ from conftest import (
     assert_trees_equal,
     checkpoint_steps,
     garble_arrays,
+    set_fields,
     small_catch_config,
     snapshot,
     start_experiment,
@@ -292,7 +293,7 @@ def test_a_field_the_checkpoint_predates_resumes_at_the_value_the_agent_declares
         check({}, {"average_first": False, "other": 1})
 
 
-@pytest.mark.parametrize("name", ["vtrace", "ppo", "muzero", "efficientzero"])
+@pytest.mark.parametrize("name", ["vtrace", "ppo", "muzero", "efficientzero", "dqn"])
 def test_each_declared_older_value_names_a_field_the_agent_builds_with(name):
     # A misspelt declaration would never match a field, and an invalid value would not build.
     spec = EnvSpec(observation=ArraySpec((5,), np.float32), action=DiscreteSpec(3))
@@ -344,6 +345,31 @@ def test_a_ppo_workdir_from_before_flat_optimizer_resumes_with_its_optimizer(tmp
     assert "pass --config.agent.flat_optimizer=False" in str(info.value)
     assert snapshot(workdir) == before
     result = anakin.train(config(False), workdir)
+    assert result.resumed_from_updates == 10
+    assert [r["updates"] for r in read_records(workdir)] == [5, 10, 15, 20]
+
+
+def test_a_dqn_workdir_from_before_anneal_lr_updates_resumes_with_a_constant_step_size(
+        tmp_path):
+    workdir = str(tmp_path / "dqn")
+
+    def config(**overrides):
+        c = _config(**{k: v for k, v in overrides.items() if not k.startswith("agent.")})
+        c.agent = agents.default_config("dqn")
+        c.agent.batch_size, c.agent.warmup = 32, 32
+        set_fields(c, {k: v for k, v in overrides.items() if k.startswith("agent.")})
+        return c
+
+    anakin.train(config(total_env_steps=2 * STEPS_PER_CHUNK), workdir)
+    strip_agent_field(workdir, "anneal_lr_updates")
+    before = snapshot(workdir)
+    # An anneal is not what that run did: refused, naming the value to pass.
+    with pytest.raises(workdir_lib.ResumeError) as info:
+        anakin.train(config(**{"agent.anneal_lr_updates": 100}), workdir)
+    assert info.value.fields == ["agent.anneal_lr_updates"]
+    assert "pass --config.agent.anneal_lr_updates=0" in str(info.value)
+    assert snapshot(workdir) == before
+    result = anakin.train(config(), workdir)  # the default, 0: the constant step size it ran
     assert result.resumed_from_updates == 10
     assert [r["updates"] for r in read_records(workdir)] == [5, 10, 15, 20]
 

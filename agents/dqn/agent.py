@@ -73,13 +73,20 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """Global-norm clipping then Adam, the step size annealed linearly to 0 over
-    `anneal_lr_updates` learner steps (of `replay_ratio` updates each; constant when 0), with
-    its hyperparameters held in the optimiser state."""
-    return annealed_clipped_adam(
-        steps_per_update=int(config.replay_ratio),
-        anneal_updates=int(config.anneal_lr_updates),
-        **{name: float(config[name]) for name in OPTIMIZER_HPARAMS})
+    """Global-norm clipping then Adam, with its hyperparameters held in the optimiser state;
+    the step size annealed linearly to 0 over `anneal_lr_updates` learner steps (of
+    `replay_ratio` updates each) when that is above 0. Without an anneal the optimiser state
+    has no schedule count, as before the field existed, so earlier checkpoints restore."""
+    hparams = {name: float(config[name]) for name in OPTIMIZER_HPARAMS}
+    if int(config.anneal_lr_updates) > 0:
+        return annealed_clipped_adam(steps_per_update=int(config.replay_ratio),
+                                     anneal_updates=int(config.anneal_lr_updates), **hparams)
+
+    def clipped_adam(learning_rate, adam_eps, max_grad_norm):
+        return optax.chain(optax.clip_by_global_norm(max_grad_norm),
+                           optax.adam(learning_rate, eps=adam_eps))
+
+    return optax.inject_hyperparams(clipped_adam)(**hparams)
 
 
 def set_hparams(learner_state: LearnerState, hparams: dict[str, Array]) -> LearnerState:
@@ -168,8 +175,9 @@ def check_trajectory(config: ml_collections.ConfigDict, trajectory: Trajectory) 
                           "device receives", f"use at least {(config.n_step + 1) * b}")
 
 
-# Fields added after runs were made without them (registered as `introduced`).
-INTRODUCED = MappingProxyType({})
+# Fields added after runs were made without them (registered as `introduced`), each with the
+# value under which the code behaves as it did before: a constant step size.
+INTRODUCED = MappingProxyType({"anneal_lr_updates": 0})
 
 
 def choices(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> dict:
