@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import step_sizes_under_a_constant_gradient
 import rlax
+from conftest import step_sizes_under_a_constant_gradient
 
 import agents
 from agents import dqn
@@ -128,7 +128,7 @@ def test_without_an_anneal_the_optimiser_is_optax_clipped_adam_with_the_earlier_
     earlier = optax.inject_hyperparams(lambda learning_rate, adam_eps, max_grad_norm: optax.chain(
         optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate, eps=adam_eps)))(
         learning_rate=1e-3, adam_eps=1e-5, max_grad_norm=1.0)
-    assert (jax.tree.structure(ours) == jax.tree.structure(earlier.init(params))), ours
+    assert jax.tree.structure(ours) == jax.tree.structure(earlier.init(params)), ours
     rng = np.random.default_rng(0)
     for _ in range(5):
         grads = {"w": jnp.asarray(rng.normal(size=3) * 2, jnp.float32),

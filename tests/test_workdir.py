@@ -25,7 +25,6 @@ from conftest import (
     assert_trees_equal,
     checkpoint_steps,
     garble_arrays,
-    set_fields,
     small_catch_config,
     snapshot,
     start_experiment,
@@ -353,11 +352,10 @@ def test_a_dqn_workdir_from_before_anneal_lr_updates_resumes_with_a_constant_ste
         tmp_path):
     workdir = str(tmp_path / "dqn")
 
-    def config(**overrides):
-        c = _config(**{k: v for k, v in overrides.items() if not k.startswith("agent.")})
+    def config(anneal=0, **overrides):
+        c = _config(**overrides)
         c.agent = agents.default_config("dqn")
-        c.agent.batch_size, c.agent.warmup = 32, 32
-        set_fields(c, {k: v for k, v in overrides.items() if k.startswith("agent.")})
+        c.agent.batch_size, c.agent.warmup, c.agent.anneal_lr_updates = 32, 32, anneal
         return c
 
     anakin.train(config(total_env_steps=2 * STEPS_PER_CHUNK), workdir)
@@ -365,7 +363,7 @@ def test_a_dqn_workdir_from_before_anneal_lr_updates_resumes_with_a_constant_ste
     before = snapshot(workdir)
     # An anneal is not what that run did: refused, naming the value to pass.
     with pytest.raises(workdir_lib.ResumeError) as info:
-        anakin.train(config(**{"agent.anneal_lr_updates": 100}), workdir)
+        anakin.train(config(anneal=100), workdir)
     assert info.value.fields == ["agent.anneal_lr_updates"]
     assert "pass --config.agent.anneal_lr_updates=0" in str(info.value)
     assert snapshot(workdir) == before
