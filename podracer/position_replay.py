@@ -108,6 +108,73 @@ def position_replay_bytes(capacity: int, example_step: Any, *, period: int, look
     return int(capacity * (length * per_step + 4 * period))
 
 
+UNIFORM_PROPOSALS = 8  # proposals per draw before the exact fallback of `draw_uniform`
+
+
+def is_static_zero(alpha: Any) -> bool:
+    """Whether `alpha` is a Python (or NumPy) number equal to 0: uniform sampling known
+    while tracing, which `sample` draws without reading every priority."""
+    return isinstance(alpha, (int, float, np.number)) and not isinstance(alpha, bool) and (
+        float(alpha) == 0.0)
+
+
+def cond_for_any(pred: Array, true_fn: Callable[[Any], Any], false_fn: Callable[[Any], Any],
+                 operands: Any) -> Any:
+    """`lax.cond(pred, true_fn, false_fn, operands)` that stays a branch under `vmap`.
+
+    `lax.cond` with a batched predicate computes both branches and selects, so an expensive
+    branch that almost never runs would run at every call of a sweep. Here a batch takes
+    `true_fn` for every element when any element's `pred` holds, so `true_fn` must return an
+    element whose `pred` is false as `false_fn` would. The branches read only `operands`
+    (`custom_vmap` refuses batched values closed over)."""
+    @jax.custom_batching.custom_vmap
+    def branch(pred, operands):
+        return jax.lax.cond(pred, true_fn, false_fn, operands)
+
+    @branch.def_vmap
+    def branch_batched(axis_size, in_batched, pred, operands):
+        pred_batched, operands_batched = in_batched
+        operands = jax.tree.map(
+            lambda x, b: x if b else jnp.broadcast_to(x, (axis_size,) + jnp.shape(x)),
+            operands, operands_batched)
+        pred = jnp.any(pred) if pred_batched else pred
+        out = cond_for_any(pred, jax.vmap(true_fn), jax.vmap(false_fn), operands)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return branch(pred, operands)
+
+
+def draw_uniform(key: PRNGKey, batch_size: int, operands: Any, *,
+                 propose: Callable[[Any, PRNGKey, tuple[int, ...]], Array],
+                 accept: Callable[[Any, Array], Array],
+                 exact: Callable[[Any, PRNGKey, int], Array]) -> Array:
+    """`batch_size` indices drawn independently and uniformly from the accepted ones, in time
+    that does not grow with the replay when most proposals are accepted.
+
+    Each draw takes the first accepted of `UNIFORM_PROPOSALS` proposals
+    (`propose(operands, key, shape)`: indices drawn uniformly from a set that holds every
+    acceptable index; `accept(operands, indices)`: which are), which is uniform over the
+    accepted. Draws without one (a replay where few indices can be sampled) are made by
+    `exact(operands, key, S)`, an inverse-CDF draw over the whole replay, which then runs once
+    for the batch (`cond_for_any`: under `vmap`, once for a sweep when any run needs it).
+    `operands` holds the arrays the three functions read."""
+    propose_key, exact_key = jax.random.split(key)
+    candidates = propose(operands, propose_key, (batch_size, UNIFORM_PROPOSALS))
+    candidates = candidates.astype(jnp.int32)
+    ok = accept(operands, candidates)
+    first = jnp.argmax(ok, axis=1)
+    indices = jnp.take_along_axis(candidates, first[:, None], axis=1)[:, 0]
+    found = jnp.any(ok, axis=1)
+
+    def fill(args):
+        operands, key, indices, found = args
+        drawn = exact(operands, key, batch_size).astype(jnp.int32)
+        return jnp.where(found, indices, drawn)
+
+    return cond_for_any(~jnp.all(found), fill, lambda args: args[2],
+                        (operands, exact_key, indices, found))
+
+
 def draw_positions(cumulative: Array, valid: Array, u: Array) -> Array:
     """Inverse-CDF draws: for each `u` in [0, 1), the first index whose cumulative probability
     reaches `u` times the total, moved to the nearest valid index after it (else before it).

@@ -19,7 +19,9 @@ Each position has its own priority; new positions get the largest priority seen 
 Sampling draws positions with P(i) ∝ p_i^alpha over the sampleable ones (alpha = 0: uniform)
 and returns importance weights (M P(i))^-beta normalised by the batch's largest, M being the
 number of sampleable positions (Schaul et al., 2016). alpha and beta are arguments of `sample`,
-so they can be traced (swept, scheduled). Everything is a pure function over
+so they can be traced (swept, scheduled). Those draws read every priority; alpha given as a
+Python 0 draws uniformly by rejection instead (`position_replay.draw_uniform`), reading only
+the slots it proposes, so its time does not grow with the capacity (the weights are then 1). Everything is a pure function over
 `TransitionReplayState` (optax style), a pytree of arrays that runs inside the compiled
 learner step, is checkpointed with the learner state and is batched by `vmap` over runs; in a
 replicated learner each device holds its own replay.
@@ -41,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from podracer.position_replay import draw_positions
+from podracer.position_replay import draw_positions, draw_uniform, is_static_zero
 from podracer.types import Array, PRNGKey
 
 
@@ -174,19 +176,47 @@ def make_transition_replay(capacity: int, *, lookahead: int,
         return (state.priorities > 0) & (age >= lookahead * state.columns) & (
             age < state.stored)
 
-    def sample(state: TransitionReplayState, key: PRNGKey, batch_size: int, *,
-               alpha: float | Array, beta: float | Array) -> TransitionSample:
-        """`batch_size` positions drawn with P(i) ∝ p_i^alpha (consumes `key`)."""
+    def draw_prioritised(state: TransitionReplayState, key: PRNGKey, batch_size: int,
+                         alpha: float | Array) -> tuple[Array, Array]:
+        """Inverse-CDF draws over every slot: the indices and the probabilities of all."""
         valid = eligible(state)
         scores = jnp.where(valid, (state.priorities + epsilon) ** jnp.asarray(alpha,
                                                                               jnp.float32), 0.0)
         probs = scores / jnp.maximum(scores.sum(), 1e-30)
         u = jax.random.uniform(key, (batch_size,), jnp.float32)
-        indices = draw_positions(jnp.cumsum(probs), valid, u)
-        p = probs[indices]
-        num = jnp.sum(valid).astype(jnp.float32)
-        weights = (num * p) ** (-jnp.asarray(beta, jnp.float32))
-        weights = weights / jnp.max(weights)
+        return draw_positions(jnp.cumsum(probs), valid, u), probs
+
+    def draw_uniformly(state: TransitionReplayState, key: PRNGKey,
+                       batch_size: int) -> Array:
+        """Uniform draws by rejection: a slot of an age in [n B, stored) (its lookahead is
+        stored), kept when it is flagged."""
+
+        def propose(state, key, shape):
+            first_age = lookahead * state.columns
+            ages = jnp.maximum(state.stored - first_age, 1)
+            age = first_age + jax.random.randint(key, shape, 0, ages)
+            return (state.next_index - 1 - age) % capacity
+
+        return draw_uniform(key, batch_size, state.replace(items=()), propose=propose,
+                            accept=lambda state, i: state.priorities[i] > 0,
+                            exact=lambda state, k, s: draw_prioritised(state, k, s, 0.0)[0])
+
+    def sample(state: TransitionReplayState, key: PRNGKey, batch_size: int, *,
+               alpha: float | Array, beta: float | Array) -> TransitionSample:
+        """`batch_size` positions drawn with P(i) ∝ p_i^alpha (consumes `key`). With alpha a
+        Python 0 (uniform, known while tracing) the draw reads only the slots it proposes,
+        not every priority, and the importance weights are 1."""
+        # M. With alpha a Python 0 only `probabilities` reads it (compiled away when unused).
+        num = jnp.sum(eligible(state)).astype(jnp.float32)
+        if is_static_zero(alpha):
+            indices = draw_uniformly(state, key, batch_size)
+            p = jnp.full((batch_size,), 1.0, jnp.float32) / jnp.maximum(num, 1.0)
+            weights = jnp.ones((batch_size,), jnp.float32)
+        else:
+            indices, probs = draw_prioritised(state, key, batch_size, alpha)
+            p = probs[indices]
+            weights = (num * p) ** (-jnp.asarray(beta, jnp.float32))
+            weights = weights / jnp.max(weights)
         offsets = indices[:, None] + state.columns * jnp.arange(lookahead + 1)[None, :]
         items = jax.tree.map(lambda buf: buf[offsets % capacity], state.items)
         return TransitionSample(indices=indices, items=items, weights=weights,

@@ -204,6 +204,22 @@ def test_shipped_dqn_configs_are_valid():
     assert atari.env.task == "Pong-v5" and atari.agent.torso == "conv"
 
 
+def test_a_sweep_of_alpha_is_refused_when_the_configs_alpha_is_0():
+    # With alpha 0 the learner is compiled to draw uniformly (without reading priorities), so
+    # a swept alpha would be ignored; from a prioritised config it is an input like the rest.
+    import anakin
+    from experiments.configs import dqn_catch
+    from podracer.config import ConfigError
+
+    config = dqn_catch.get_config()
+    config.sweep.seeds = (0, 1)
+    config.sweep.agent.priority_exponent = (0.0, 0.6)
+    with pytest.raises(ConfigError, match="sweep.agent.priority_exponent.*cannot sweep"):
+        anakin.validate(config, 1)
+    config.agent.priority_exponent = 0.6
+    assert anakin.validate(config, 1) == 1
+
+
 def test_dqn_minatar_config_is_the_cartpole_settings_with_the_minatar_network():
     # (the runner's validation needs gymnax for the environment: test_default_configs checks
     # the config's fields without it)

@@ -11,8 +11,11 @@ def test_replay_benchmark_times_every_figure_at_tiny_sizes(capsys):
     names = [name for name, _, _ in rows]
     assert names == ["ceiling: dynamic_update_slice of the bytes", "transition replay add",
                      "position replay add", "ceiling: jnp.take of the same timesteps",
-                     "transition replay sample, uniform", "transition replay sample, prioritised",
-                     "position replay sample, uniform", "position replay sample, prioritised"]
+                     "transition replay sample, uniform",
+                     "transition replay sample, uniform, alpha traced",
+                     "transition replay sample, prioritised",
+                     "position replay sample, uniform, alpha traced",
+                     "position replay sample, prioritised"]
     for name, items, calls in rows:
         assert math.isfinite(items) and items > 0, name
         per_call = 16 if "add" in name or "update_slice" in name else 8  # T x B, or S

@@ -63,7 +63,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.replay_ratio = 1  # optimiser updates per learner step, once warmed up
     c.warmup = 1_000  # no updates until every device's replay can sample this many positions
     c.replay_capacity = 100_000  # timesteps held per learner device
-    c.priority_exponent = 0.0  # alpha; 0 = uniform sampling (prioritised replay: 0.6)
+    # alpha; 0 = uniform sampling, drawn without reading the priorities, and then alpha and
+    # beta cannot be swept (prioritised replay: 0.6)
+    c.priority_exponent = 0.0
     c.importance_exponent = 0.4  # beta of the importance weights (used when alpha > 0)
     c.target_update_interval = 100  # optimiser updates between copies into the target net
     c.epsilon_start = 1.0  # exploration rate at the first learner step
@@ -143,7 +145,8 @@ def learn_config(config: ml_collections.ConfigDict) -> LearnConfig:
                        replay_ratio=config.replay_ratio, warmup=config.warmup,
                        target_update_interval=config.target_update_interval,
                        double=bool(config.double), head=config.head,
-                       huber_delta=float(config.huber_delta))
+                       huber_delta=float(config.huber_delta),
+                       uniform=float(config.priority_exponent) == 0.0)
 
 
 def example_step(env_spec: EnvSpec) -> dict:
@@ -227,5 +230,14 @@ def make_agent(config: ml_collections.ConfigDict, env_spec: EnvSpec) -> Agent:
         init_actor_state=lambda batch_size: (),
         actor_params=make_actor_params(config),
         set_hparams=set_hparams,
-        sweepable=SWEEPABLE,
+        sweepable=sweepable(learn),
     )
+
+
+def sweepable(learn: learning.LearnConfig) -> tuple[str, ...]:
+    """`SWEEPABLE`, less alpha and beta when the config's alpha is 0: the learner then draws
+    uniformly, compiled without reading them (the weights are 1 whatever beta is)."""
+    if learn.uniform:
+        return tuple(f for f in SWEEPABLE if f not in ("priority_exponent",
+                                                         "importance_exponent"))
+    return SWEEPABLE

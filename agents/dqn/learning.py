@@ -64,6 +64,9 @@ class LearnConfig:
     double: bool
     head: str  # "q" | "c51"
     huber_delta: float
+    # priority_exponent is 0 and not swept: the replay draws uniformly without reading every
+    # priority (`podracer.transition_replay`), and the importance weights are 1.
+    uniform: bool = False
 
 
 def epsilon_at(steps: Array, *, start: float, end: float, anneal_steps: int) -> Array:
@@ -157,8 +160,9 @@ def learner_update(network: QNetwork, optimizer: optax.GradientTransformation,
     """One optimiser update on a batch sampled from this device's replay; the sampled
     positions' priorities are set to their new |td| (C51: cross-entropy)."""
     hp = state.hparams
+    alpha = 0.0 if learn.uniform else hp["priority_exponent"]
     sample = replay.sample(state.replay, key, learn.batch_size,
-                           alpha=hp["priority_exponent"], beta=hp["importance_exponent"])
+                           alpha=alpha, beta=hp["importance_exponent"])
     grad_fn = jax.value_and_grad(sample_loss, argnums=2, has_aux=True)
     (loss, (priorities, metrics)), grads = grad_fn(
         network, learn, state.params, state.target_params, sample.items, sample.weights,

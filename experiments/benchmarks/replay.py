@@ -8,8 +8,10 @@ sizes, and each next to a plain copy of the same bytes, measured in the same run
   into a ring of the same size with `lax.dynamic_update_slice` (no index arithmetic, no
   priorities).
 - Sample: a batch of S positions with the n timesteps after each, uniform (alpha = 0) and
-  prioritised (alpha = 0.6, beta = 0.4, random priorities; both traced, as the agents pass
-  them), from full replays of the same capacity; ceiling: `jnp.take` of the same S x (n + 1) timesteps (each position and the n
+  prioritised (alpha = 0.6, beta = 0.4, random priorities; traced, as MuZero passes them),
+  from full replays of the same capacity; the transition replay's uniform draw also with
+  alpha a Python 0, as DQN passes it when its config's is 0 (by rejection, without reading
+  every priority); ceiling: `jnp.take` of the same S x (n + 1) timesteps (each position and the n
   timesteps B slots after it, as the transition replay reads them) at indices drawn outside
   the timed call: the gather alone, without drawing the positions over the whole replay.
 
@@ -152,13 +154,24 @@ def run(capacity: int, t: int, b: int, batch: int, n: int, obs_shape: tuple[int,
         jnp.asarray(rng.uniform(0.01, 2.0, position_state.priorities.shape), jnp.float32), 0.0))
     for name, replay, state in (("transition", transition, transition_state),
                                 ("position", position, position_state)):
-        # alpha and beta traced, as the agents pass them (swept hyperparameters).
+        # alpha and beta traced, as MuZero passes them and DQN when prioritised (swept).
         @jax.jit
         def samples(state, keys, alpha, replay=replay):
             return jax.lax.map(lambda k: replay.sample(state, k, batch, alpha=alpha,
                                                        beta=jnp.float32(0.4)), keys)
 
-        for kind, alpha in (("uniform", 0.0), ("prioritised", 0.6)):
+        kinds = [("uniform, alpha traced", 0.0), ("prioritised", 0.6)]
+        if name == "transition":
+            # alpha a Python 0, as DQN passes it when its config's is 0: the draw by rejection.
+            @jax.jit
+            def uniform_samples(state, keys, replay=replay):
+                return jax.lax.map(lambda k: replay.sample(state, k, batch, alpha=0.0,
+                                                           beta=0.4), keys)
+
+            report(f"{name} replay sample, uniform", batch, "positions", "batches",
+                   best_time(lambda s, state=state: (s, uniform_samples(state, keys)), None,
+                             repeats))
+        for kind, alpha in kinds:
             alpha = jnp.float32(alpha)
             report(f"{name} replay sample, {kind}", batch, "positions", "batches",
                    best_time(lambda s, fn=samples, state=state, alpha=alpha:
