@@ -11,7 +11,7 @@ sizes, and each next to a plain copy of the same bytes, measured in the same run
   prioritised (alpha = 0.6, beta = 0.4, random priorities; traced, as MuZero passes them),
   from full replays of the same capacity; the transition replay's uniform draw also with
   alpha a Python 0, as DQN passes it when its config's is 0 (by rejection, without reading
-  every priority); ceiling: `jnp.take` of the same S x (n + 1) timesteps (each position and the n
+  every priority; the indices, timesteps and weights DQN reads); ceiling: `jnp.take` of the same S x (n + 1) timesteps (each position and the n
   timesteps B slots after it, as the transition replay reads them) at indices drawn outside
   the timed call: the gather alone, without drawing the positions over the whole replay.
 
@@ -163,10 +163,14 @@ def run(capacity: int, t: int, b: int, batch: int, n: int, obs_shape: tuple[int,
         kinds = [("uniform, alpha traced", 0.0), ("prioritised", 0.6)]
         if name == "transition":
             # alpha a Python 0, as DQN passes it when its config's is 0: the draw by rejection.
+            # What DQN reads of it (its probabilities, which count the sampleable slots over
+            # the whole replay, it does not read, and they are compiled away).
             @jax.jit
             def uniform_samples(state, keys, replay=replay):
-                return jax.lax.map(lambda k: replay.sample(state, k, batch, alpha=0.0,
-                                                           beta=0.4), keys)
+                def one(k):
+                    sample = replay.sample(state, k, batch, alpha=0.0, beta=0.4)
+                    return sample.indices, sample.items, sample.weights
+                return jax.lax.map(one, keys)
 
             report(f"{name} replay sample, uniform", batch, "positions", "batches",
                    best_time(lambda s, state=state: (s, uniform_samples(state, keys)), None,
