@@ -20,6 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
     config = anakin.default_config()
     config.env.name = "CartPole-v1"
     config.agent = dqn.default_config()
+    config.cpu_worker_threads = 1  # its small kernels run fastest on one XLA:CPU thread
     config.num_devices = 1  # 8 environments feed one replay
     config.num_envs = 8
     config.rollout_length = 8

@@ -16,6 +16,7 @@ from agents import dqn
 def get_config() -> ml_collections.ConfigDict:
     config = anakin.default_config()
     config.agent = dqn.default_config()
+    config.cpu_worker_threads = 1  # its small kernels run fastest on one XLA:CPU thread
     config.num_devices = 1  # 16 environments feed one replay; 0 = every device, a shard each
     config.num_envs = 16
     config.rollout_length = 4

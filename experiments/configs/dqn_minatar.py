@@ -23,6 +23,7 @@ from experiments.configs import dqn_cartpole
 def get_config() -> ml_collections.ConfigDict:
     config = dqn_cartpole.get_config()
     config.env.name = "gymnax:Asterix-MinAtar"  # gymnax's own time limit applies (truncation)
+    config.cpu_worker_threads = 0  # XLA's own choice: the convolution gains from both cores
     config.agent.torso = "board_conv"
     config.agent.hidden_sizes = (128,)
     config.total_env_steps = 1_000_000  # 15,625 learner steps
