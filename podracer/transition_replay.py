@@ -21,8 +21,8 @@ and returns importance weights (M P(i))^-beta normalised by the batch's largest,
 number of sampleable positions (Schaul et al., 2016). alpha and beta are arguments of `sample`,
 so they can be traced (swept, scheduled). Those draws read every priority; alpha given as a
 Python 0 draws uniformly by rejection instead (`position_replay.draw_uniform`), reading only
-the slots it proposes, so its time does not grow with the capacity (the weights are then 1). Everything is a pure function over
-`TransitionReplayState` (optax style), a pytree of arrays that runs inside the compiled
+the slots it proposes, so its time does not grow with the capacity (the weights are then 1).
+Everything is a pure function over `TransitionReplayState` (optax style), a pytree of arrays that runs inside the compiled
 learner step, is checkpointed with the learner state and is batched by `vmap` over runs; in a
 replicated learner each device holds its own replay.
 

@@ -14,11 +14,7 @@ from podracer import position_replay as pr
 from podracer import transition_replay as tr
 
 # Uniform as DQN passes it with its config's alpha 0 (a Python 0), and as a swept alpha.
-UNIFORM = pytest.mark.parametrize("alpha", [0.0, np.float32(0.0)], ids=["static", "traced"])
-
-
-def _alpha(alpha):
-    return jnp.asarray(alpha) if isinstance(alpha, np.floating) else alpha
+UNIFORM = pytest.mark.parametrize("alpha", [0.0, jnp.float32(0.0)], ids=["static", "traced"])
 
 
 def _steps(t0, t, b):
@@ -33,7 +29,6 @@ def _ok(t, b):
 
 @UNIFORM
 def test_positions_wait_for_their_lookahead_and_windows_read_across_adds(alpha):
-    alpha = _alpha(alpha)
     replay = tr.make_transition_replay(10, lookahead=2)
     state = replay.init({"value": jnp.zeros((), jnp.int32)})
     state = replay.add(state, _steps(0, 3, 2), _ok(3, 2))
@@ -60,7 +55,6 @@ def test_positions_wait_for_their_lookahead_and_windows_read_across_adds(alpha):
 
 @UNIFORM
 def test_unflagged_positions_are_never_drawn(alpha):
-    alpha = _alpha(alpha)
     replay = tr.make_transition_replay(16, lookahead=1)
     state = replay.init({"value": jnp.zeros((), jnp.int32)})
     flags = jnp.asarray([[True, False], [False, True], [True, True]])  # [T, B]

@@ -11,9 +11,10 @@ sizes, and each next to a plain copy of the same bytes, measured in the same run
   prioritised (alpha = 0.6, beta = 0.4, random priorities; traced, as MuZero passes them),
   from full replays of the same capacity; the transition replay's uniform draw also with
   alpha a Python 0, as DQN passes it when its config's is 0 (by rejection, without reading
-  every priority; the indices, timesteps and weights DQN reads); ceiling: `jnp.take` of the same S x (n + 1) timesteps (each position and the n
-  timesteps B slots after it, as the transition replay reads them) at indices drawn outside
-  the timed call: the gather alone, without drawing the positions over the whole replay.
+  every priority; the indices, timesteps and weights DQN reads); ceiling: `jnp.take` of the
+  same S x (n + 1) timesteps (each position and the n timesteps B slots after it, as the
+  transition replay reads them) at indices drawn outside the timed call: the gather alone,
+  without drawing the positions over the whole replay.
 
 Each figure is one jitted call of `--calls` adds or samples in a `lax.scan` (as a learner step
 runs them, the replay updated in place), the best of `--repeats` calls after compilation.
