@@ -246,15 +246,19 @@ def test_the_learner_loop_alone_consumes_hand_made_rollouts_and_publishes_each_v
 
 @pytest.mark.optimised
 def test_the_learner_dispatches_each_update_before_the_previous_one_is_computed():
-    # An update that takes seconds on the device: with updates dispatched back to back, the
-    # learner calls update u + 1 while update u still computes (the host never waits for it);
-    # with at most two in flight, update u - 2 is computed before update u is called.
+    # With updates dispatched back to back, the learner calls update u + 1 while update u
+    # still computes (the host never waits for it); with at most two in flight, update u - 2
+    # is computed before update u is called. The first update takes seconds (its loop's length
+    # is in the state), many times the learner's host work between two calls even on a loaded
+    # machine; the later ones are short. (A host callback cannot hold an update back until the
+    # next call instead: XLA:CPU runs a program with one synchronously, in the calling thread.)
     mesh = replication.make_mesh(jax.devices()[:1])
 
     def slow_update(state, key, batch):
         del batch
-        w = jax.lax.fori_loop(0, 400, lambda i, w: jnp.tanh(w @ w) * 0.5, state["w"])
-        return {"w": w}, key, {FINITE: jnp.all(jnp.isfinite(w)), "loss": jnp.mean(w)}
+        w = jax.lax.fori_loop(0, state["n"], lambda i, w: jnp.tanh(w @ w) * 0.5, state["w"])
+        return ({"w": w, "n": jnp.ones_like(state["n"])}, key,
+                {FINITE: jnp.all(jnp.isfinite(w)), "loss": jnp.mean(w)})
 
     update_fn = replication.replicate(slow_update, mesh)
     calls = []  # per call: whether the outputs of each earlier call were computed
@@ -267,7 +271,8 @@ def test_the_learner_dispatches_each_update_before_the_previous_one_is_computed(
 
     outputs = []
     w0 = np.random.default_rng(0).normal(size=(1, 384, 384)).astype(np.float32) / 384
-    state = {"w": replication.from_global(w0, mesh)}
+    state = {"w": replication.from_global(w0, mesh),
+             "n": replication.from_global(np.full((1,), 2_000, np.int32), mesh)}
     keys = replication.from_global(np.zeros((1, 2), np.uint32), mesh)
     local_params = jax.jit(lambda s: s["w"][0])
     store = ParamsStore(jax.devices()[1:2], keep=1)
