@@ -58,7 +58,8 @@ def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
     atari = results["parts"]["sebulba_pong"]["status"] == "ok"
     assert [r["setting"].split(" (")[0].split(":")[0]
             for r in results["parts"]["muzero_search"]["rows"]] == [
-        "muzero", "gumbel", "muzero_ez"] + ["muzero_atari.py"] * atari
+        "muzero", "gumbel", "muzero_ez", "muzero_ez search alone, mean Q by walk",
+        "muzero_ez search alone, mean Q by jumps"] + ["muzero_atari.py"] * atari
     # Smoke counts the first search's loops: 2 simulations, a child of the root (1 edge down,
     # 1 up), then a node at depth 1 or 2 (the deepest of the 4 roots sets both loops' length).
     row = results["parts"]["muzero_search"]["rows"][0]
@@ -78,7 +79,9 @@ def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
     # (its own XLA_FLAGS, as it recorded them; XLA:CPU parses them: their spelling is checked).
     loops = results["parts"]["graph_loops"]["rows"]
     assert [r["setting"].split(" (")[0] for r in loops] == [
-        "muzero_search: muzero", "muzero_search: gumbel", "muzero_search: muzero_ez"]
+        "muzero_search: muzero", "muzero_search: gumbel", "muzero_search: muzero_ez",
+        "muzero_search: muzero_ez search alone, mean Q by walk",
+        "muzero_search: muzero_ez search alone, mean Q by jumps"]
     for row in loops:
         assert "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL" in row["xla_flags"]
         # Beside a process that holds 75% of a GPU, it must not reserve its own 75%.

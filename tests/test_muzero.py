@@ -1,5 +1,6 @@
 """MuZero: transforms, targets, the model step used by search, replay insertion, learning."""
 
+import dataclasses
 import math
 
 import chex
@@ -1030,7 +1031,8 @@ def test_tree_min_max_q_and_parent_mean_q_match_a_hand_computation():
         np.asarray(mctx.qtransform_by_parent_and_siblings(tree, jnp.asarray(1))))
 
 
-def _search_with_efficientzeros_q(num_simulations: int, batch: int, seed: int):
+def _search_with_efficientzeros_q(num_simulations: int, batch: int, seed: int,
+                                  mean_q_method: str = "walk"):
     """A search of a small random MuZero network with PUCT's value term as EfficientZero's
     (`tree_min_max`, unvisited children at their parent's mean Q)."""
     config = muzero.default_config()
@@ -1040,36 +1042,95 @@ def _search_with_efficientzeros_q(num_simulations: int, batch: int, seed: int):
     network = muzero.make_network(config, SPEC)
     obs = jax.random.uniform(jax.random.PRNGKey(seed), (batch, 10, 5))
     params = network.init(jax.random.PRNGKey(seed + 1), obs, jnp.zeros((batch,), jnp.int32))
-    return jax.jit(lambda p, o, k: muzero.run_search(network, p, o, k,
-                                                    muzero.search_config(config),
+    search_config = dataclasses.replace(muzero.search_config(config),
+                                        mean_q_method=mean_q_method)
+    return jax.jit(lambda p, o, k: muzero.run_search(network, p, o, k, search_config,
                                                     evaluation=False))(
         params, obs, jax.random.PRNGKey(seed + 2))
 
 
-def test_parent_mean_q_matches_efficientzeros_recursion_on_deep_searched_trees():
+def _efficientzeros_mean_q(tree, node: int) -> float:
+    """EfficientZero's get_mean_q of `node` in an unbatched NumPy tree, from the root down:
+    root: the mean of its visited children's Q; below it, (the parent's mean Q + the sum of
+    the visited children's Q) / (their number + 1)."""
+    visited = tree.children_visits > 0
+    q = tree.children_rewards + tree.children_discounts * tree.children_values
+    sums, counts = np.where(visited, q, 0.0).sum(-1), visited.sum(-1)
+    path = [int(node)]
+    while path[-1] != 0:
+        path.append(int(tree.parents[path[-1]]))
+    mean = sums[0] / counts[0] if counts[0] else 0.0
+    for n in reversed(path[:-1]):
+        mean = (mean + sums[n]) / (counts[n] + 1)
+    return mean
+
+
+@pytest.mark.parametrize("method", ["walk", "jumps"])
+def test_parent_mean_q_matches_efficientzeros_recursion_on_deep_searched_trees(method):
     # The trees of a real search (48 simulations, so paths many nodes deep), and the mean Q
-    # of every expanded node by EfficientZero's get_mean_q, written here in NumPy from the
-    # root down: root: the mean of its visited children's Q; below it, (the parent's mean Q
-    # + the sum of the visited children's Q) / (their number + 1).
+    # of every expanded node by EfficientZero's recursion.
     trees = _search_with_efficientzeros_q(num_simulations=48, batch=4, seed=3).search_tree
-    got = np.asarray(jax.vmap(lambda tree: jax.vmap(lambda i: muzero.mean_q(tree, i))(
+    got = np.asarray(jax.vmap(lambda tree: jax.vmap(lambda i: muzero.mean_q(tree, i, method))(
         jnp.arange(tree.parents.shape[0])))(trees))
     deepest = 0
     for b in range(4):
         tree = jax.tree.map(lambda x, b=b: np.asarray(x[b]), trees)
-        visited = tree.children_visits > 0
-        q = tree.children_rewards + tree.children_discounts * tree.children_values
-        sums, counts = np.where(visited, q, 0.0).sum(-1), visited.sum(-1)
         for node in np.flatnonzero(tree.node_visits > 0):
-            path = [int(node)]
-            while path[-1] != 0:
-                path.append(int(tree.parents[path[-1]]))
-            mean = sums[0] / counts[0] if counts[0] else 0.0
-            for n in reversed(path[:-1]):
-                mean = (mean + sums[n]) / (counts[n] + 1)
-            np.testing.assert_allclose(got[b, node], mean, rtol=1e-5, atol=1e-6)
-            deepest = max(deepest, len(path) - 1)
+            np.testing.assert_allclose(got[b, node], _efficientzeros_mean_q(tree, node),
+                                       rtol=1e-5, atol=1e-6)
+            depth, walker = 0, int(node)
+            while walker != 0:
+                depth, walker = depth + 1, int(tree.parents[walker])
+            deepest = max(deepest, depth)
     assert deepest >= 4  # the walk up crosses several levels
+
+
+@pytest.mark.parametrize("num_nodes", [1, 2, 3, 5, 9, 16, 17, 18])
+def test_parent_mean_q_by_jumps_reaches_the_root_from_the_deepest_possible_node(num_nodes):
+    # A chain (node i's parent is i - 1), the deepest tree N nodes can make: its last node is
+    # N - 1 levels down, which ceil(log2(N - 1)) rounds of pointer jumping must span (2^k
+    # levels after k rounds: 17 nodes need 4, 18 need 5). Random Q and visits; a child that
+    # is visited counts whether or not it is the chain's next node, as in EfficientZero. Few
+    # visited children, so that each level scales the levels above it by 1 / (n + 1) = 1
+    # mostly, and a level missed would show.
+    rng = np.random.default_rng(num_nodes)
+    actions = 3
+    visits = (rng.random((num_nodes, actions)) < 0.15).astype(np.int32)
+    visits[0, 0] = 1  # the root's mean is not 0
+    tree = _hand_tree().replace(
+        parents=jnp.arange(-1, num_nodes - 1, dtype=jnp.int32),
+        children_visits=jnp.asarray(visits),
+        children_rewards=jnp.asarray(rng.normal(size=(num_nodes, actions)), jnp.float32),
+        children_discounts=jnp.full((num_nodes, actions), 0.9, jnp.float32),
+        children_values=jnp.asarray(rng.normal(size=(num_nodes, actions)), jnp.float32))
+    numpy_tree = jax.tree.map(np.asarray, tree)
+    for node in range(num_nodes):
+        got = float(jax.jit(muzero.mean_q, static_argnums=2)(tree, jnp.asarray(node), "jumps"))
+        assert got == pytest.approx(_efficientzeros_mean_q(numpy_tree, node), rel=1e-5,
+                                    abs=1e-6), node
+
+
+def test_parent_mean_q_by_jumps_has_no_loop_and_the_search_agrees_with_the_walk():
+    # The pointer jumps are a fixed number of whole-tree steps: no while loop in the program
+    # (the walk has one, run at every step down the tree).
+    tree = _hand_tree()
+
+    def loops(method):
+        jaxpr = jax.make_jaxpr(lambda t, i: muzero.mean_q(t, i, method))(tree, jnp.asarray(1))
+        return str(jaxpr).count("while[")
+
+    assert (loops("jumps"), loops("walk")) == (0, 1)
+    # Both methods give the same mean Q up to rounding, so the same search: the same
+    # children expanded in the same order, visited as often. (Not the values: a random
+    # network's values near 0 come out of the categorical support with rounding errors of
+    # their own size, which differ between two compilations of the same network.)
+    walk, jumps = (_search_with_efficientzeros_q(24, 4, seed=5, mean_q_method=m).search_tree
+                   for m in ("walk", "jumps"))
+    for field in ("children_index", "node_visits"):
+        np.testing.assert_array_equal(np.asarray(getattr(walk, field)),
+                                      np.asarray(getattr(jumps, field)))
+    with pytest.raises(ValueError, match="method must be one of"):
+        muzero.mean_q(tree, jnp.asarray(0), "walking")
 
 
 def test_reference_search_switches_run_inside_a_batched_search():

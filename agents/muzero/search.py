@@ -37,6 +37,7 @@ class SearchConfig:
     gumbel_value_scale: float = 0.1  # Gumbel: c_scale of sigma(q)
     gumbel_maxvisit_init: float = 50.0  # Gumbel: c_visit of sigma(q)
     gumbel_q_floor: float = 1e-8  # Gumbel: the least Q range q is normalised by (mctx's)
+    mean_q_method: str = "walk"  # PUCT, unvisited_q="parent_mean": `mean_q`'s `method`
 
 
 def value_to_scalar(logits: Array, support_size: int) -> Array:
@@ -104,34 +105,57 @@ UNVISITED_Q = ("min", "parent_mean")
 TREE_MIN_MAX_FLOOR = 0.01  # EfficientZero's `value_delta_max`
 
 
-def mean_q(tree: mctx.Tree, node_index: Array) -> Array:
-    """[] EfficientZero's mean Q of a node (`core/ctree/cnode.cpp: get_mean_q`), for one
-    unbatched tree: at the root, the mean of its visited children's Q = r + gamma v (0 when
-    none is visited); below it, (mean Q of the parent + the sum of the visited children's
-    Q) / (their number + 1), recursively along the path from the root.
+MEAN_Q_METHODS = ("walk", "jumps")
 
-    Unrolled along the path root = p_0, p_1, ..., p_k = node, with S_i the sum and n_i the
-    number of p_i's visited children's Q and a_i = 1 / (n_i + 1), that is
-    sum_(i=1..k) S_i a_i a_(i+1) ... a_k + (root mean) a_1 ... a_k, which one walk up from the
-    node accumulates, stopping at the root: as many steps as the node is deep, not one per
-    node of the tree (the search asks at every node it selects from)."""
+
+def _mean_q_maps(tree: mctx.Tree) -> tuple[Array, Array, Array]:
+    """([N], [N], []) per node of an unbatched tree, its mean Q as an affine map of its
+    parent's, m_i = a_i m_parent + b_i with a_i = 1 / (n_i + 1) and b_i = S_i a_i (S_i the sum
+    and n_i the number of node i's visited children's Q = r + gamma v), and the root's mean
+    (the mean of its visited children's Q, 0 when none is visited)."""
     visited = tree.children_visits > 0
     every_q = tree.children_rewards + tree.children_discounts * tree.children_values
     sums = jnp.sum(jnp.where(visited, every_q, 0.0), axis=-1)
     counts = jnp.sum(visited, axis=-1).astype(sums.dtype)
     root_mean = jnp.where(counts[0] > 0, sums[0] / jnp.maximum(counts[0], 1.0), 0.0)
     scale = 1.0 / (counts + 1.0)
+    return scale, sums * scale, root_mean
 
-    def up(carry):  # node -> its parent; product of the scales from here down to node_index
-        node, product, total = carry
-        product = product * scale[node]
-        return tree.parents[node], product, total + sums[node] * product
 
-    _, product, total = jax.lax.while_loop(  # the root is node 0, every parent below its child
-        lambda carry: carry[0] > 0, up,
-        (jnp.asarray(node_index, jnp.int32), jnp.ones((), sums.dtype),
-         jnp.zeros((), sums.dtype)))
-    return total + root_mean * product
+def mean_q(tree: mctx.Tree, node_index: Array, method: str = "walk") -> Array:
+    """[] EfficientZero's mean Q of a node (`core/ctree/cnode.cpp: get_mean_q`), for one
+    unbatched tree: at the root, the mean of its visited children's Q = r + gamma v (0 when
+    none is visited); below it, (mean Q of the parent + the sum of the visited children's
+    Q) / (their number + 1), recursively along the path from the root.
+
+    `method="walk"` composes the maps m_i = a_i m_parent + b_i (`_mean_q_maps`) in one walk up
+    from the node to the root: a loop as many steps long as the node is deep, each step a few
+    scalar reads. `"jumps"` composes every node's map with its ancestor's 2^k levels up
+    (pointer jumping): ceil(log2(the tree's greatest possible depth)) rounds of whole-tree
+    reads, with no loop whose length depends on the tree. On CPU the walk is the faster
+    (docs/benchmarks.md); on a GPU, where each iteration of such a loop waits for the host
+    and a search asks for a mean Q at every step down, the device check times both."""
+    if method not in MEAN_Q_METHODS:
+        raise ValueError(f"mean_q: method must be one of {MEAN_Q_METHODS}, got {method!r}")
+    scale, offset, root_mean = _mean_q_maps(tree)
+    if method == "walk":
+        def up(carry):  # node -> its parent; the maps from here down composed
+            node, product, total = carry
+            return tree.parents[node], product * scale[node], total + offset[node] * product
+
+        _, product, total = jax.lax.while_loop(  # the root is node 0, every parent below its child
+            lambda carry: carry[0] > 0, up,
+            (jnp.asarray(node_index, jnp.int32), jnp.ones((), scale.dtype),
+             jnp.zeros((), scale.dtype)))
+        return total + root_mean * product
+    num_nodes = tree.parents.shape[-1]
+    is_root = jnp.arange(num_nodes) == 0
+    # m_i = a_i m_(jump_i) + b_i; the root's map is the constant one to its mean.
+    a, b = jnp.where(is_root, 0.0, scale), jnp.where(is_root, root_mean, offset)
+    jump = jnp.where(is_root, 0, jnp.maximum(tree.parents, 0))  # unexpanded nodes: -1
+    for _ in range(max(num_nodes - 2, 0).bit_length()):  # 2^rounds >= the deepest depth
+        a, b, jump = a * a[jump], a * b[jump] + b, jump[jump]
+    return a[node_index] * root_mean + b[node_index]
 
 
 def visited_q_bounds(tree: mctx.Tree) -> tuple[Array, Array]:
@@ -145,7 +169,8 @@ def visited_q_bounds(tree: mctx.Tree) -> tuple[Array, Array]:
 
 
 def qtransform(tree: mctx.Tree, node_index: Array, *, scope: str = "parent_and_siblings",
-               unvisited: str = "min", floor: float = TREE_MIN_MAX_FLOOR) -> Array:
+               unvisited: str = "min", floor: float = TREE_MIN_MAX_FLOOR,
+               mean_q_method: str = "walk") -> Array:
     """[A] PUCT's value term of the children of `node_index` in an unbatched mctx tree,
     in [0, 1].
 
@@ -155,7 +180,7 @@ def qtransform(tree: mctx.Tree, node_index: Array, *, scope: str = "parent_and_s
     max(max - min, `floor`) when max > min and leaving Q as it is otherwise, then clipping
     to [0, 1] (EfficientZero's `CMinMaxStats::normalize` and `cucb_score`; MuZero's
     pseudocode without the floor). `unvisited="parent_mean"` gives unvisited children the
-    node's `mean_q` (EfficientZero) instead of the minimum.
+    node's `mean_q` (EfficientZero, computed by `mean_q_method`) instead of the minimum.
     """
     if scope == "parent_and_siblings" and unvisited == "min":
         return mctx.qtransform_by_parent_and_siblings(tree, node_index)
@@ -163,7 +188,7 @@ def qtransform(tree: mctx.Tree, node_index: Array, *, scope: str = "parent_and_s
     visits = tree.children_visits[node_index]
     if scope == "tree_min_max":
         low, high = visited_q_bounds(tree)
-        completed = jnp.where(visits > 0, qvalues, mean_q(tree, node_index)
+        completed = jnp.where(visits > 0, qvalues, mean_q(tree, node_index, mean_q_method)
                               if unvisited == "parent_mean" else low)
         spread = high - low
         normalised = jnp.where(spread > 0, (completed - low) / jnp.maximum(spread, floor),
@@ -175,7 +200,7 @@ def qtransform(tree: mctx.Tree, node_index: Array, *, scope: str = "parent_and_s
     safe = jnp.where(visits > 0, qvalues, node_value)
     low = jnp.minimum(node_value, jnp.min(safe))
     high = jnp.maximum(node_value, jnp.max(safe))
-    completed = jnp.where(visits > 0, qvalues, mean_q(tree, node_index))
+    completed = jnp.where(visits > 0, qvalues, mean_q(tree, node_index, mean_q_method))
     return jnp.clip((completed - low) / jnp.maximum(high - low, 1e-8), 0.0, 1.0)
 
 
@@ -211,5 +236,6 @@ def search_with(root: mctx.RootFnOutput, recurrent_fn, params: Params, key: PRNG
         dirichlet_alpha=search_config.dirichlet_alpha,
         temperature=search_config.temperature if temperature is None else temperature,
         qtransform=functools.partial(qtransform, scope=search_config.q_transform,
-                                     unvisited=search_config.unvisited_q),
+                                     unvisited=search_config.unvisited_q,
+                                     mean_q_method=search_config.mean_q_method),
     )

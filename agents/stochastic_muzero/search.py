@@ -75,7 +75,8 @@ def search_with(root: mctx.RootFnOutput, decision_fn, chance_fn, params: Params,
         dirichlet_alpha=float(search_config.dirichlet_alpha),
         temperature=search_config.temperature if temperature is None else temperature,
         qtransform=functools.partial(qtransform, scope=search_config.q_transform,
-                                     unvisited=search_config.unvisited_q),
+                                     unvisited=search_config.unvisited_q,
+                                     mean_q_method=search_config.mean_q_method),
     )
 
 

@@ -11,8 +11,10 @@ writes its files.
   muzero_search   MuZero's PUCT and Gumbel searches, and PUCT with EfficientZero's value term
                   (`muzero_ez`), at 256, 1,024 and 4,096 roots:
                   simulations/s and the share of their time spent in the network passes alone
-                  (as `muzero.py`), with the loop iterations of each search at 256 roots; then
-                  `muzero_atari.py`'s search, residual network on Pong's frames, at 256 roots
+                  (as `muzero.py`), with the loop iterations of each search at 256 roots, and
+                  at 256 roots `muzero_ez`'s search alone with its mean Q by a walk up the tree
+                  and by pointer jumps (`muzero.mean_q`); then `muzero_atari.py`'s search,
+                  residual network on Pong's frames, at 256 roots
   muzero_learner  MuZero-Anakin on Catch (acting with search, replay, updates) and its learner
                   updates alone
   maxpool_grad    the IMPALA ResNet's three max-pools, forward and backward, on a Pong learner
@@ -25,7 +27,7 @@ writes its files.
                   threads, with the end-to-end run's shares of time and milliseconds per
                   inference call, and at the derived sizes the same calls alone; skipped with
                   the reason when envpool's Atari games cannot be made
-  graph_loops     the three Catch searches at 256 roots and Anakin at 4,096 envs per device
+  graph_loops     the Catch searches at 256 roots and Anakin at 4,096 envs per device
                   again, in a fresh process whose XLA records while loops and conditionals into
                   CUDA graphs
                   (`GRAPH_LOOP_FLAGS`): whether the loops' per-iteration cost on the host
@@ -45,6 +47,7 @@ On a CPU, importing the Sebulba benchmark's parts makes two simulated CPU device
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import json
@@ -246,6 +249,9 @@ def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_R
                 # it too).
                 row["tree_us_per_loop_iteration"] = 1e6 * (seconds - forward_s) / iterations
             rows.append(row)
+        if i == 0:
+            rows.extend(_mean_q_rows(network, params, timestep.observation, acts["muzero_ez"][2],
+                                     n, sims, forward_s, repeats))
     # The Atari config's search with its residual network on Pong's frames, at the first size:
     # the share in network passes where the passes are convolutions, not Catch's small MLP.
     if atari and not budget.next_point():
@@ -253,6 +259,24 @@ def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_R
     elif atari and atari_missing() is None:
         rows.append(_atari_search_row(4 if smoke else roots[0], sims, repeats))
     return rows, skipped
+
+
+def _mean_q_rows(network, params, observation, search_config, n: int, sims: int,
+                 forward_s: float, repeats: int) -> list[dict[str, Any]]:
+    """`muzero_ez`'s search alone (no actor step around it) with its parents' mean Q computed
+    each way (`muzero.mean_q`): walking up the tree in a loop, or by pointer jumps with no
+    loop. Which is faster where: on CPU the walk; on a GPU, where the walk's every iteration
+    waits for the host at every step down, is the question."""
+    rows = []
+    for method in ("walk", "jumps"):
+        config = dataclasses.replace(search_config, mean_q_method=method)
+        search = jax.jit(lambda p, o, k, c=config: muzero.run_search(
+            network, p, o, k, c, evaluation=False).action_weights)
+        seconds = best_call_time(search, params, observation, jax.random.PRNGKey(2),
+                                 repeats=repeats)
+        rows.append(_search_row(f"muzero_ez search alone, mean Q by {method} ({n} roots x "
+                                f"{sims} simulations)", n * sims, seconds, forward_s))
+    return rows
 
 
 def _search_row(setting: str, simulations: int, seconds: float,

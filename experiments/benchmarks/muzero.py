@@ -22,6 +22,7 @@ network forward passes alone, measured in the same run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import platform
@@ -96,6 +97,25 @@ def _searches(muzero_config, env):
     return out
 
 
+def _time_mean_q_methods(network, params, obs, agent_config, forward_s: float) -> None:
+    """`muzero_ez`'s search alone (no actor step around it), with its parents' mean Q computed
+    each way `muzero.mean_q` can: a walk up the tree, or pointer jumps with no loop."""
+    config = agent_config.copy_and_resolve_references()
+    default = muzero.default_config()
+    config.q_transform, config.unvisited_q = default.q_transform, default.unvisited_q
+    b, sims = obs.shape[0], config.num_simulations
+    walk_s = None
+    for method in ("walk", "jumps"):
+        search_config = dataclasses.replace(muzero.search_config(config), mean_q_method=method)
+        search = jax.jit(lambda p, o, k, c=search_config: muzero.run_search(
+            network, p, o, k, c, evaluation=False).action_weights)
+        seconds = _best(search, params, obs, jax.random.PRNGKey(2))
+        walk_s = walk_s or seconds
+        print(f"{'search alone, mean Q by ' + method:>32} ({b} roots x {sims} simulations): "
+              f"{b * sims / seconds:>12,.0f} simulations/s, {walk_s / seconds:.2f} x the walk's "
+              f"({100 * forward_s / seconds:.0f}% of the time in MuZero's network passes)")
+
+
 def main(argv):
     del argv
     config = muzero_catch.get_config()
@@ -134,6 +154,8 @@ def main(argv):
         print(f"{name:>32} ({b} roots x {sims} simulations): "
               f"{b * sims / seconds:>12,.0f} simulations/s, {puct_s / seconds:.2f} x PUCT's "
               f"({100 * forward_s / seconds:.0f}% of the time in MuZero's network passes)")
+    if "muzero_ez" in _SEARCHES.value:
+        _time_mean_q_methods(network, params, obs, agent_config, forward_s)
 
     if not _ANAKIN.value:
         return
