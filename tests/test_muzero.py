@@ -1189,7 +1189,8 @@ def test_the_search_passes_the_agents_q_transform_and_unvisited_q_to_puct(monkey
                              ("tree_min_max", "min")]:
         seen.clear()
         _bandit_search(scope, unvisited)
-        assert seen and all(kw == {"scope": scope, "unvisited": unvisited} for kw in seen)
+        assert seen and all(kw == {"scope": scope, "unvisited": unvisited,
+                                    "mean_q_method": "walk"} for kw in seen)
 
 
 def test_storing_frames_once_can_be_turned_off_and_a_bad_value_names_the_field():

@@ -95,7 +95,8 @@ def test_decision_nodes_use_the_agents_q_transform_and_unvisited_q(monkeypatch):
     for scope, unvisited in [("tree_min_max", "parent_mean"), ("parent_and_siblings", "min")]:
         seen.clear()
         _toy_search(3, scope, unvisited)
-        assert seen and all(kw == {"scope": scope, "unvisited": unvisited} for kw in seen)
+        assert seen and all(kw == {"scope": scope, "unvisited": unvisited,
+                                    "mean_q_method": "walk"} for kw in seen)
 
 
 def test_search_with_four_simulations_reaches_a_decision_node_below_an_outcome():

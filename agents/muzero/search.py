@@ -103,9 +103,7 @@ SEARCHES = ("muzero", "gumbel")
 Q_TRANSFORMS = ("parent_and_siblings", "tree_min_max")
 UNVISITED_Q = ("min", "parent_mean")
 TREE_MIN_MAX_FLOOR = 0.01  # EfficientZero's `value_delta_max`
-
-
-MEAN_Q_METHODS = ("walk", "jumps")
+MEAN_Q_METHODS = ("walk", "jumps")  # how `mean_q` composes a node's path to the root
 
 
 def _mean_q_maps(tree: mctx.Tree) -> tuple[Array, Array, Array]:
