@@ -346,21 +346,23 @@ def test_saved_state_survives_the_caller_donating_it_right_after(tmp_path, mesh,
 
 
 @jax.jit
-def _slow(x):
-    # About a second or more of CPU work whose result the save must not wait for.
+def _slow(x, steps):
+    # CPU work whose result the save must not wait for: 200 steps take seconds, many times
+    # the save's own host work even on a loaded machine; the loop's length is an argument, so
+    # that compiling it costs one step.
     def body(_, y):
         return jnp.tanh(y @ y) * 0.5
-    return jax.lax.fori_loop(0, 60, body, x)
+    return jax.lax.fori_loop(0, steps, body, x)
 
 
 def test_asynchronous_save_does_not_wait_for_the_state(tmp_path):
     x = jnp.ones((512, 512), jnp.float32) / 512
-    jax.block_until_ready(_slow(x))  # compiled
+    jax.block_until_ready(_slow(x, 1))  # compiled
     with Checkpointer(str(tmp_path), asynchronous=True) as checkpointer:
         checkpointer.save(1, {"x": x})  # compiles the copy-and-digest program for this tree
         checkpointer.wait()
         start = time.perf_counter()
-        y = _slow(x)
+        y = _slow(x, 200)
         returned_before = []
         checkpointer.save(2, {"x": y}, {"updates": 2})
         returned_before.append(not y.is_ready())
