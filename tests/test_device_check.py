@@ -79,9 +79,7 @@ def test_smoke_runs_every_part_and_writes_json_and_table(tmp_path):
     # (its own XLA_FLAGS, as it recorded them; XLA:CPU parses them: their spelling is checked).
     loops = results["parts"]["graph_loops"]["rows"]
     assert [r["setting"].split(" (")[0] for r in loops] == [
-        "muzero_search: muzero", "muzero_search: gumbel", "muzero_search: muzero_ez",
-        "muzero_search: muzero_ez search alone, mean Q by walk",
-        "muzero_search: muzero_ez search alone, mean Q by jumps"]
+        "muzero_search: muzero", "muzero_search: gumbel", "muzero_search: muzero_ez"]
     for row in loops:
         assert "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL" in row["xla_flags"]
         # Beside a process that holds 75% of a GPU, it must not reserve its own 75%.

@@ -27,7 +27,7 @@ writes its files.
                   threads, with the end-to-end run's shares of time and milliseconds per
                   inference call, and at the derived sizes the same calls alone; skipped with
                   the reason when envpool's Atari games cannot be made
-  graph_loops     the Catch searches at 256 roots and Anakin at 4,096 envs per device
+  graph_loops     the three Catch searches at 256 roots and Anakin at 4,096 envs per device
                   again, in a fresh process whose XLA records while loops and conditionals into
                   CUDA graphs
                   (`GRAPH_LOOP_FLAGS`): whether the loops' per-iteration cost on the host
@@ -39,8 +39,8 @@ writes its files.
     python -m experiments.benchmarks.device_check --smoke         # tiny sizes, CPU, about a minute
     python -m experiments.benchmarks.device_check --parts=muzero_search --roots=1024
 
-`--parts`, `--roots`, `--anakin_envs` and `--noatari_search` choose what runs (`graph_loops` runs
-its process so).
+`--parts`, `--roots`, `--anakin_envs`, `--noatari_search` and `--nomean_q_methods` choose what
+runs (`graph_loops` runs its process so).
 
 On a CPU, importing the Sebulba benchmark's parts makes two simulated CPU devices.
 """
@@ -106,6 +106,9 @@ _ANAKIN_ENVS = flags.DEFINE_list("anakin_envs", [], "Envs per device for anakin_
                                  "(default: ANAKIN_ENVS; --smoke uses 8).")
 _ATARI_SEARCH = flags.DEFINE_bool("atari_search", True, "muzero_search also times "
                                   "muzero_atari.py's search (where envpool makes Pong).")
+_MEAN_Q_METHODS = flags.DEFINE_bool("mean_q_methods", True, "muzero_search also times "
+                                    "muzero_ez's search alone with its mean Q by the walk and "
+                                    "by pointer jumps, at the first root size.")
 _CHECK_S = flags.DEFINE_float("check_s", 450.0, "Seconds for the whole check, from its first "
                               "part (0: each part's own cap only; --smoke: no limit).")
 _GRAPH_LOOP_XLA_FLAGS = flags.DEFINE_string(
@@ -129,7 +132,7 @@ ANAKIN_ENVS = (256, 4096)
 # small loop bodies of a search be recorded too. graph_loops runs its points under them.
 GRAPH_LOOP_FLAGS = ("--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL",
                     "--xla_gpu_graph_min_graph_size=1")
-GRAPH_LOOP_POINTS = {"muzero_search": ("--roots=256", "--noatari_search"),
+GRAPH_LOOP_POINTS = {"muzero_search": ("--roots=256", "--noatari_search", "--nomean_q_methods"),
                      "anakin_catch": ("--anakin_envs=4096",)}
 # Sebulba's points, (actor threads, envs per thread, envpool threads per batch, batches per
 # actor thread; 0 = derived from the machine), in the order they run until the cap: the derived
@@ -193,7 +196,8 @@ def anakin_catch(budget: Budget, smoke: bool, envs: tuple[int, ...] = ANAKIN_ENV
 
 
 def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_ROOTS,
-                  atari: bool = True) -> tuple[list[dict], list[str]]:
+                  atari: bool = True, mean_q_methods: bool = True,
+                  ) -> tuple[list[dict], list[str]]:
     config = muzero_catch.get_config()
     env = envs_jax.wrap_for_training(envs_jax.make(config.env.name))
     spec = env.spec()
@@ -249,7 +253,7 @@ def muzero_search(budget: Budget, smoke: bool, roots: tuple[int, ...] = SEARCH_R
                 # it too).
                 row["tree_us_per_loop_iteration"] = 1e6 * (seconds - forward_s) / iterations
             rows.append(row)
-        if i == 0:
+        if i == 0 and mean_q_methods:
             rows.extend(_mean_q_rows(network, params, timestep.observation, acts["muzero_ez"][2],
                                      n, sims, forward_s, repeats))
     # The Atari config's search with its residual network on Pong's frames, at the first size:
@@ -691,7 +695,8 @@ def main(argv):
         raise app.UsageError(f"--parts: {', '.join(unknown)} not a part; choose from "
                              f"{', '.join(PARTS)}")
     points = {}
-    points["muzero_search"] = {"atari": _ATARI_SEARCH.value}
+    points["muzero_search"] = {"atari": _ATARI_SEARCH.value,
+                               "mean_q_methods": _MEAN_Q_METHODS.value}
     if _ROOTS.value:
         points["muzero_search"]["roots"] = _sizes(_ROOTS)
     if _ANAKIN_ENVS.value:
