@@ -8,7 +8,9 @@ network forward passes alone, measured in the same run.
   codes) and Sampled MuZero's search (Pendulum-v1, K sampled torques per node), all at the
   MuZero Catch config's widths and the same simulations, each relative to PUCT's, next to
   MuZero's forward passes (one representation + prediction, then one dynamics + prediction per
-  simulation) run in a scan with no tree: the difference is the search's own overhead.
+  simulation) run in a scan with no tree: the difference is the search's own overhead. With
+  `muzero_ez`, also its search alone with the parent's mean Q by each of `muzero.mean_q`'s
+  methods (a walk up the tree; pointer jumps, with no loop), relative to the walk.
 - Anakin: environment steps per second of the compiled MuZero-Anakin chunk on Catch (acting
   with search, replay insertion, updates) next to the acting network passes alone.
 - Learner: MuZero learner updates per second on the replay that run filled, with the target
