@@ -1,8 +1,10 @@
 """The environment-only ceiling that the Anakin benchmarks print next to their figures, the
-timing helpers the benchmarks share, and the loop count of a batched mctx search."""
+timing helpers the benchmarks share, and the loop count of a batched mctx search and the
+search programs whose mean Q differs only in how it is computed."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import anakin
+from agents.muzero import search as muzero_search
 from podracer import replication
 
 
@@ -110,6 +113,16 @@ def muzero_passes(network, steps: int) -> Callable:
         return jax.lax.scan(body, latent, actions)[1].sum() + out[0].sum()
 
     return passes
+
+
+def mean_q_searches(network, search_config) -> dict[str, Callable]:
+    """Per method of `agents.muzero.mean_q` ("walk", "jumps"), a jitted `f(params, obs, key)`
+    that runs `search_config`'s search alone (no actor step around it) with the parents' mean
+    Q computed that way."""
+    return {method: jax.jit(lambda p, o, k, c=dataclasses.replace(
+                search_config, mean_q_method=method): muzero_search.run_search(
+                    network, p, o, k, c, evaluation=False).action_weights)
+            for method in muzero_search.MEAN_Q_METHODS}
 
 
 def tree_loop_iterations(parents) -> int:

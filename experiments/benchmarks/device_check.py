@@ -47,7 +47,6 @@ On a CPU, importing the Sebulba benchmark's parts makes two simulated CPU device
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib.metadata
 import json
@@ -80,6 +79,7 @@ from experiments.benchmarks._ceiling import (
     best_call_time,
     best_time,
     env_ceiling_seconds,
+    mean_q_searches,
     muzero_passes,
     tree_loop_iterations,
 )
@@ -272,10 +272,7 @@ def _mean_q_rows(network, params, observation, search_config, n: int, sims: int,
     loop. Which is faster where: on CPU the walk; on a GPU, where the walk's every iteration
     waits for the host at every step down, is the question."""
     rows = []
-    for method in ("walk", "jumps"):
-        config = dataclasses.replace(search_config, mean_q_method=method)
-        search = jax.jit(lambda p, o, k, c=config: muzero.run_search(
-            network, p, o, k, c, evaluation=False).action_weights)
+    for method, search in mean_q_searches(network, search_config).items():
         seconds = best_call_time(search, params, observation, jax.random.PRNGKey(2),
                                  repeats=repeats)
         rows.append(_search_row(f"muzero_ez search alone, mean Q by {method} ({n} roots x "

@@ -24,7 +24,6 @@ network forward passes alone, measured in the same run.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import platform
@@ -39,7 +38,12 @@ import agents
 import envs_jax
 from agents import muzero, sampled_muzero
 from experiments import _cli
-from experiments.benchmarks._ceiling import anakin_replay_chunk, best_call_time, muzero_passes
+from experiments.benchmarks._ceiling import (
+    anakin_replay_chunk,
+    best_call_time,
+    mean_q_searches,
+    muzero_passes,
+)
 from experiments.configs import muzero_catch
 from experiments.configs.stochastic_muzero_catch import with_stochastic_agent
 
@@ -75,10 +79,8 @@ def _searches(muzero_config, env):
             config.search = name
             out.append((f"MuZero, {'PUCT' if name == 'muzero' else 'Gumbel'}", config, env))
         elif name == "muzero_ez":
-            # PUCT with the agent's default value term; the Catch config has mctx's.
-            config, default = muzero_config.copy_and_resolve_references(), muzero.default_config()
-            config.q_transform, config.unvisited_q = default.q_transform, default.unvisited_q
-            out.append(("MuZero, PUCT, EfficientZero's Q", config, env))
+            out.append(("MuZero, PUCT, EfficientZero's Q", _with_default_value_term(
+                muzero_config), env))
         elif name == "stochastic":
             holder = ml_collections.ConfigDict({"agent": muzero_config.copy_and_resolve_references(),
                                                 "rollout_length": muzero_config.rollout_length})
@@ -99,18 +101,21 @@ def _searches(muzero_config, env):
     return out
 
 
+def _with_default_value_term(muzero_config):
+    """`muzero_config` with PUCT's value term as the agent's default (EfficientZero's); the
+    Catch config has mctx's."""
+    config, default = muzero_config.copy_and_resolve_references(), muzero.default_config()
+    config.q_transform, config.unvisited_q = default.q_transform, default.unvisited_q
+    return config
+
+
 def _time_mean_q_methods(network, params, obs, agent_config, forward_s: float) -> None:
     """`muzero_ez`'s search alone (no actor step around it), with its parents' mean Q computed
     each way `muzero.mean_q` can: a walk up the tree, or pointer jumps with no loop."""
-    config = agent_config.copy_and_resolve_references()
-    default = muzero.default_config()
-    config.q_transform, config.unvisited_q = default.q_transform, default.unvisited_q
-    b, sims = obs.shape[0], config.num_simulations
+    search_config = muzero.search_config(_with_default_value_term(agent_config))
+    b, sims = obs.shape[0], search_config.num_simulations
     walk_s = None
-    for method in ("walk", "jumps"):
-        search_config = dataclasses.replace(muzero.search_config(config), mean_q_method=method)
-        search = jax.jit(lambda p, o, k, c=search_config: muzero.run_search(
-            network, p, o, k, c, evaluation=False).action_weights)
+    for method, search in mean_q_searches(network, search_config).items():
         seconds = _best(search, params, obs, jax.random.PRNGKey(2))
         walk_s = walk_s or seconds
         print(f"{'search alone, mean Q by ' + method:>32} ({b} roots x {sims} simulations): "
