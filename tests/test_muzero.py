@@ -1104,8 +1104,9 @@ def test_parent_mean_q_by_jumps_reaches_the_root_from_the_deepest_possible_node(
         children_discounts=jnp.full((num_nodes, actions), 0.9, jnp.float32),
         children_values=jnp.asarray(rng.normal(size=(num_nodes, actions)), jnp.float32))
     numpy_tree = jax.tree.map(np.asarray, tree)
+    by_jumps = jax.jit(lambda tree, node: muzero.mean_q(tree, node, "jumps"))
     for node in range(num_nodes):
-        got = float(jax.jit(muzero.mean_q, static_argnums=2)(tree, jnp.asarray(node), "jumps"))
+        got = float(by_jumps(tree, jnp.asarray(node)))
         assert got == pytest.approx(_efficientzeros_mean_q(numpy_tree, node), rel=1e-5,
                                     abs=1e-6), node
 
