@@ -347,7 +347,7 @@ def test_saved_state_survives_the_caller_donating_it_right_after(tmp_path, mesh,
 
 @jax.jit
 def _slow(x, steps):
-    # CPU work whose result the save must not wait for: 200 steps take seconds, many times
+    # CPU work whose result the save must not wait for: 200 steps take over a second, many times
     # the save's own host work even on a loaded machine; the loop's length is an argument, so
     # that compiling it costs one step.
     def body(_, y):
